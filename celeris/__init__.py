@@ -1,0 +1,16 @@
+"""Celeris: a fast inference engine and playground for masked diffusion language models."""
+
+from .config import (CelerisError, EngineBusyError, EngineClosedError, EngineConfig,
+                     ModelLoadError)
+from .model import (CelerisConfig, CelerisForMaskedDiffusion, DreamConfig, LLaDAConfig,
+                    load_model)
+from .outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
+from .params import GenerationParams
+
+__version__ = "0.1.0"
+from .engine import Engine, cut_at_stop, memory_info
+
+__all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "StepEvent",
+           "FinishReason", "Timings", "Usage", "CelerisError", "ModelLoadError",
+           "EngineBusyError", "EngineClosedError", "CelerisConfig", "CelerisForMaskedDiffusion",
+           "LLaDAConfig", "DreamConfig", "load_model", "cut_at_stop", "memory_info"]

@@ -1,0 +1,260 @@
+"""Command line interface: ``python -m celeris <command>`` (the only argparse in Celeris).
+
+Commands: generate | eval | train | serve | bench | batch. Every handler imports the engine
+lazily, so ``import celeris.cli`` (and ``--help``) works without torch or a model.
+Generation options default to None and only the given ones override the model's defaults;
+``GenerationParams`` validates them, so messages match the server and the UI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable, Sequence
+
+# (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
+_GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
+    ("--gen-length", "gen_length", int, "answer canvas length in tokens"),
+    ("--steps", "steps", int, "denoising steps over the whole canvas"),
+    ("--block-length", "block_length", int, "semi-autoregressive block size"),
+    ("--temperature", "temperature", float, "0 = greedy; > 0 samples with Gumbel noise"),
+    ("--top-p", "top_p", float, "nucleus filtering (1.0 = off)"),
+    ("--top-k", "top_k", int, "top-k filtering (0 = off)"),
+    ("--remasking", "remasking", str,
+     "confidence that orders commits: low_confidence, margin, entropy, random"),
+    ("--decoding", "decoding", str, "unmask schedule: fixed, threshold, factor"),
+    ("--threshold", "threshold", float, "confidence threshold for --decoding threshold"),
+    ("--factor", "factor", float, "factor for --decoding factor"),
+    ("--cache", "cache", str, "block KV cache: none, prefix, dual"),
+    ("--cfg-scale", "cfg_scale", float, "classifier-free guidance scale (0 = off)"),
+    ("--seed", "seed", int, "noise seed (default: random, reported in --json)"),
+)
+_STOP_FIELD = "stop"
+
+
+# ----------------------------------------------------------------------- shared helpers
+def add_generation_options(parser: argparse.ArgumentParser) -> None:
+    """Add the generation knobs; all default to None (= the model's default)."""
+    group = parser.add_argument_group("generation options (default: the model's defaults)")
+    for flag, dest, kind, text in _GENERATION_OPTIONS:
+        group.add_argument(flag, dest=dest, type=kind, default=None, help=text)
+    group.add_argument("--stop", dest=_STOP_FIELD, action="append", default=None,
+                       metavar="S", help="stop string (repeatable)")
+
+
+def generation_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The generation options given on the command line, as GenerationParams fields."""
+    names = [dest for _, dest, _, _ in _GENERATION_OPTIONS] + [_STOP_FIELD]
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def add_device_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--dtype", default="auto",
+                        choices=("auto", "float32", "bfloat16", "float16"))
+
+
+def error(message: object) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's input, reported as ``error: ...`` with exit code 2."""
+    import celeris
+
+    return (ValueError, FileNotFoundError, getattr(celeris, "CelerisError", ValueError))
+
+
+def _format_value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+# ----------------------------------------------------------------------- generate
+def cmd_generate(args: argparse.Namespace) -> int:
+    from celeris import Engine
+
+    try:
+        engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+        params = engine.default_params().replace(**generation_overrides(args))
+        prompt: Any = args.prompt
+        if args.chat:
+            prompt = [{"role": "user", "content": args.prompt}]
+        result = engine.generate(prompt, params)
+    except user_errors() as exc:
+        return error(exc)
+    print(json.dumps(result.to_dict()) if args.json else result.text)
+    return 0
+
+
+# ----------------------------------------------------------------------- train / eval
+def cmd_train(args: argparse.Namespace) -> int:
+    try:
+        from celeris.train import train
+    except ImportError as exc:
+        return _unavailable("train", "celeris.train", exc)
+    try:
+        summary = train(out=args.out, minutes=args.minutes, steps=args.steps,
+                        device=args.device, resume=args.resume, seed=args.seed,
+                        kind=args.kind, preset=args.preset)
+    except user_errors() as exc:
+        return error(exc)
+    items = ", ".join(f"{k}={_format_value(v)}" for k, v in (summary or {}).items()
+                      if isinstance(v, (str, int, float, bool)) or v is None)
+    print(f"trained {args.kind} model -> {args.out}: {items}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    try:
+        from celeris.train import evaluate
+    except ImportError as exc:
+        return _unavailable("eval", "celeris.train", exc)
+    try:
+        report = evaluate(model=args.model, kind=args.kind,
+                          overrides=generation_overrides(args), limit=args.limit,
+                          device=args.device)
+    except user_errors() as exc:
+        return error(exc)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A readable table of report["tasks"] (name -> accuracy) plus the masked loss."""
+    tasks = report.get("tasks") or {}
+    width = max([len("task")] + [len(str(name)) for name in tasks])
+    lines = [f"{'task':<{width}}  accuracy"]
+    for name, value in tasks.items():
+        accuracy = value.get("accuracy") if isinstance(value, dict) else value
+        lines.append(f"{name:<{width}}  {_format_value(accuracy)}")
+    if report.get("masked_loss") is not None:
+        lines.append(f"masked_loss: {_format_value(report['masked_loss'])}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------- serve / bench / batch
+def _unavailable(command: str, module: str, exc: ImportError) -> int:
+    if exc.name != module:  # a real import error inside the module: show it
+        raise exc
+    return error(f"{command} is not available yet")
+
+
+def _dispatch(command: str, module: str, args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        entry = getattr(importlib.import_module(module), "main")
+    except ImportError as exc:
+        return _unavailable(command, module, exc)
+    except AttributeError:
+        return error(f"{command} is not available yet")
+    try:
+        code = entry(args)
+    except user_errors() as exc:
+        return error(exc)
+    return int(code or 0)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    return _dispatch("serve", "celeris.server", args)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return _dispatch("bench", "celeris.bench", args)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    return _dispatch("batch", "celeris.batch", args)
+
+
+# ----------------------------------------------------------------------- parser
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="generate one answer and print it")
+    p.add_argument("--model", default=None, help="model directory (default: shipped model)")
+    p.add_argument("--prompt", required=True, help="prompt text")
+    p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    add_device_options(p)
+    add_generation_options(p)
+    p.set_defaults(func=cmd_generate)
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a tiny model")
+    p.add_argument("--out", required=True, help="output model directory")
+    p.add_argument("--minutes", type=float, default=None, help="wall-clock budget")
+    p.add_argument("--steps", type=int, default=None, help="optimizer step budget")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"))
+    p.add_argument("--preset", default=None, help="model/data preset name")
+    p.set_defaults(func=cmd_train)
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="score a model on the checkable tasks")
+    p.add_argument("--model", default=None, help="model directory (default: shipped model)")
+    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"))
+    p.add_argument("--limit", type=int, default=None, help="examples per task")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    add_generation_options(p)
+    p.set_defaults(func=cmd_eval)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible API server")
+    p.add_argument("--model", default=None)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--max-running", type=int, default=None)
+    p.add_argument("--max-queue", type=int, default=None)
+    add_device_options(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="run a benchmark suite")
+    p.add_argument("--suite", default=None, help="suite name")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the JSON report here")
+    p.add_argument("--html", default=None, metavar="PATH", help="write the HTML report here")
+    p.add_argument("--model", default=None)
+    add_device_options(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_batch(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("batch", help="run a JSONL batch job (OpenAI batch format)")
+    p.add_argument("input", metavar="INPUT", help="input .jsonl")
+    p.add_argument("--output", default=None, metavar="OUT")
+    p.add_argument("--errors", default=None, metavar="ERR")
+    p.add_argument("--model", default=None)
+    p.add_argument("--url", default=None, help="remote server base URL (default: in-process)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--concurrency", type=int, default=None)
+    p.add_argument("--skip-invalid", action="store_true")
+    p.add_argument("--restart", action="store_true", help="ignore earlier progress")
+    add_device_options(p)
+    p.set_defaults(func=cmd_batch)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m celeris",
+                                     description="Celeris: masked-diffusion LLM inference")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_generate, _add_eval, _add_train, _add_serve, _add_bench, _add_batch):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

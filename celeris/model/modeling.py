@@ -1,0 +1,203 @@
+"""The native bidirectional transformer behind LLaDA, Dream and celeris-tiny.
+
+Llama-style blocks (RMSNorm, RoPE, SwiGLU) with no causal mask: every position attends to every
+real position. Parameter names follow the Qwen2/Dream spelling; ``weights.py`` maps LLaDA's
+OLMo-style names onto them.
+
+A forward may cover only a window of the canvas when a ``KVView`` supplies the keys and values
+of the other positions (the block KV cache); the model itself keeps no state between calls.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+from .configuration import CelerisConfig, DreamConfig, LLaDAConfig
+
+
+class KVView(Protocol):
+    """Per-forward access to cached keys/values, passed explicitly (no hidden global state).
+
+    ``update`` receives the fresh keys/values of the positions in this forward, (B, Hkv, W, D),
+    and returns the full keys/values to attend to, (B, Hkv, Lk, D). ``key_mask`` is (B, Lk) bool,
+    True for real (attendable) positions.
+    """
+
+    key_mask: torch.Tensor | None
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for rotary embeddings (Su et al. 2021), computed per call in float32.
+
+    Not registered as buffers: transformers 5 builds modules on the meta device and would hand
+    back non-persistent buffers as zeros; recomputing is cheap next to the layers.
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
+                                            dtype=torch.float32) / head_dim)   # (D/2,)
+    freqs = position_ids.float()[..., None] * inv_freq                         # (B, L, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]                           # (B, 1, L, D)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: CelerisConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv, self.head_dim = (cfg.num_attention_heads,
+                                                  cfg.num_key_value_heads, cfg.head_dim)
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                key_mask: torch.Tensor | None, kv: KVView | None) -> torch.Tensor:
+        B, W, _ = x.shape
+        q = self.q_proj(x).view(B, W, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, W, D)
+        k = self.k_proj(x).view(B, W, self.n_kv, self.head_dim).transpose(1, 2)     # (B, Hkv, W, D)
+        v = self.v_proj(x).view(B, W, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None:
+            k, v = kv.update(self.layer, k, v)                                      # (B, Hkv, Lk, D)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
+                                             enable_gqa=self.n_kv != self.n_heads)  # (B, H, W, D)
+        return self.o_proj(out.transpose(1, 2).reshape(B, W, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: CelerisConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: CelerisConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg)
+
+    def forward(self, x, cos, sin, key_mask, kv):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_mask, kv)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: CelerisConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CelerisForMaskedDiffusion(PreTrainedModel):
+    """Bidirectional transformer returning per-position token logits, (B, L, V).
+
+    ``model(input_ids, attention_mask=None)`` matches the upstream LLaDA call, so code written
+    for GSAI-ML/LLaDA-8B-Instruct's remote code runs on this class unchanged.
+    """
+
+    config_class = CelerisConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["Block"]
+    _supports_sdpa = True
+
+    def __init__(self, config: CelerisConfig) -> None:
+        super().__init__(config)
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        with torch.no_grad():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
+            elif isinstance(module, RMSNorm):
+                module.weight.fill_(1.0)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, logits_mask: torch.Tensor | None = None,
+                kv: KVView | None = None, **unused) -> MaskedLMOutput:
+        """input_ids (B, W); attention_mask (B, Lk) with 1 for real tokens (Lk = W without a
+        cache); position_ids (B, W), default: positions counted from each row's first real
+        token; logits_mask (B, W) bool selects the rows of the returned logits, (N, V)."""
+        if attention_mask is None and kv is not None:
+            attention_mask = kv.key_mask
+        if position_ids is None:
+            position_ids = default_positions(input_ids, attention_mask)
+        key_mask = None   # callers pass no mask when nothing is padded (SDPA's fast path)
+        if attention_mask is not None:
+            key_mask = attention_mask.bool()[:, None, None, :]                     # (B, 1, 1, Lk)
+        h = self.model.embed_tokens(input_ids)                                     # (B, W, C)
+        cos, sin = rope_tables(position_ids, self.config.head_dim, self.config.rope_theta,
+                               h.dtype)
+        for block in self.model.layers:
+            h = block(h, cos, sin, key_mask, kv)
+        h = self.model.norm(h)
+        if self.config.shift_logits:
+            h = torch.cat([h[:, :1], h[:, :-1]], dim=1)   # logits at i come from state i-1
+        if logits_mask is not None:
+            h = h[logits_mask]                            # (N, C)
+        return MaskedLMOutput(logits=self.lm_head(h))
+
+
+def default_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+                      ) -> torch.Tensor:
+    """Positions 0.. from each row's first real token, so a left-padded row sees the same
+    positions it would see alone (batch invariance)."""
+    W = input_ids.shape[1]
+    if attention_mask is None:
+        return torch.arange(W, device=input_ids.device).expand_as(input_ids)
+    pos = attention_mask.long().cumsum(-1) - 1                                     # (B, Lk)
+    return pos[:, -W:].clamp(min=0)
+
+
+class LLaDAModelLM(CelerisForMaskedDiffusion):
+    config_class = LLaDAConfig
+
+
+class DreamModel(CelerisForMaskedDiffusion):
+    config_class = DreamConfig

@@ -1,0 +1,169 @@
+"""Loading Hugging Face-format checkpoints onto the native model.
+
+The model is built on the meta device (no memory) and each tensor is read memory-mapped from
+safetensors straight into its final dtype and device, so an 8B checkpoint never needs twice its
+size in RAM. Upstream parameter names (LLaDA's OLMo spelling) are renamed on the fly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from ..config import ModelLoadError, normalize_device, normalize_dtype
+from .configuration import CONFIG_CLASSES, CelerisConfig
+from .modeling import CelerisForMaskedDiffusion
+
+_LLADA_BLOCK = {
+    "attn_norm": "input_layernorm", "ff_norm": "post_attention_layernorm",
+    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+    "attn_out": "self_attn.o_proj", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+    "ff_out": "mlp.down_proj",
+}
+_LLADA_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
+              "model.transformer.ln_f.weight": "model.norm.weight",
+              "model.transformer.ff_out.weight": "lm_head.weight"}
+_LLADA_BLOCK_RE = re.compile(r"^model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def canonical_name(name: str) -> str:
+    """Map an upstream parameter name onto ours (Dream/Qwen2 names are already ours)."""
+    if name in _LLADA_TOP:
+        return _LLADA_TOP[name]
+    m = _LLADA_BLOCK_RE.match(name)
+    if m and m.group(2) in _LLADA_BLOCK:
+        return f"model.layers.{m.group(1)}.{_LLADA_BLOCK[m.group(2)]}.{m.group(3)}"
+    return name
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """'auto' = bf16 on CUDA, fp32 on CPU."""
+    name = normalize_dtype(dtype)
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def resolve_device(device: str) -> torch.device:
+    name = normalize_device(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} was requested but CUDA is not available; "
+                             "use --device cpu")
+    return torch.device(name)
+
+
+def resolve_model_dir(path_or_id: str | os.PathLike) -> Path:
+    """A local directory, or a hub id downloaded with huggingface_hub when online."""
+    path = Path(path_or_id).expanduser()
+    if path.is_dir():
+        return path
+    text = str(path_or_id)
+    if path.exists() or text.startswith((".", "/", "~")) or text.count("/") != 1:
+        raise ModelLoadError(f"model directory not found: {text}")
+    return _download(text)
+
+
+def _download(repo_id: str) -> Path:
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    hint = (f"place the files (config.json, *.safetensors, tokenizer files) in a local "
+            f"directory and pass its path, e.g. `huggingface-cli download {repo_id} "
+            f"--local-dir models/{repo_id.split('/')[-1]}` on a machine with network access")
+    try:
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(repo_id, local_files_only=offline,
+                                      allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                                      "*.model", "*.jinja", "*.py"]))
+    except Exception as exc:  # offline, unknown repo, no network: say so plainly
+        raise ModelLoadError(f"could not download {repo_id!r} from the Hugging Face Hub "
+                             f"({type(exc).__name__}); this machine may be offline. To use it, "
+                             f"{hint}") from None
+
+
+def load_config(model_dir: Path) -> CelerisConfig:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing: a model directory needs config.json")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
+    model_type = raw.get("model_type")
+    if model_type not in CONFIG_CLASSES:
+        raise ModelLoadError(f"{path}: model_type {model_type!r} is not a supported architecture; "
+                             f"supported: {', '.join(CONFIG_CLASSES)}")
+    for key in ("auto_map", "architectures", "model_type", "transformers_version"):
+        raw.pop(key, None)
+    try:
+        return CONFIG_CLASSES[model_type](**raw)
+    except (TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: {exc}") from None
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{index} is not a valid safetensors index: {exc}") from None
+        files = [model_dir / n for n in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ModelLoadError(f"weight shard(s) listed in {index} are missing: "
+                                 f"{', '.join(missing[:3])}")
+        return files
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ModelLoadError(f"no weights in {model_dir}: expected model.safetensors or "
+                         "model.safetensors.index.json (PyTorch .bin files are not supported)")
+
+
+def iter_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt", device=str(device)) as handle:
+                for name in handle.keys():
+                    yield name, handle.get_tensor(name)
+        except Exception as exc:  # SafetensorError, OSError: the file is damaged
+            raise ModelLoadError(f"cannot read weights from {f}: {exc}") from None
+
+
+def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str = "auto"
+               ) -> tuple[CelerisForMaskedDiffusion, Path]:
+    model_dir = resolve_model_dir(path_or_id)
+    config = load_config(model_dir)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    with torch.device("meta"):
+        model = CelerisForMaskedDiffusion(config)
+    expected = dict(model.state_dict())
+    state: dict[str, torch.Tensor] = {}
+    for name, tensor in iter_tensors(weight_files(model_dir), dev):
+        ours = canonical_name(name)
+        if ours not in expected:
+            continue   # e.g. rotary caches or heads we do not use
+        if tuple(tensor.shape) != tuple(expected[ours].shape):
+            raise ModelLoadError(f"tensor {name} has shape {tuple(tensor.shape)} but the config "
+                                 f"in {model_dir / 'config.json'} implies "
+                                 f"{tuple(expected[ours].shape)}")
+        state[ours] = tensor.to(dt)
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+        state.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(state))
+    if missing:
+        raise ModelLoadError(f"weights in {model_dir} lack {len(missing)} tensor(s), e.g. "
+                             f"{', '.join(missing[:3])}")
+    model.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.eval(), model_dir

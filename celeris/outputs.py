@@ -1,0 +1,123 @@
+"""What the engine hands back: StepEvent per denoising step, GenerationResult at the end.
+
+Plain frozen dataclasses of Python values (no tensors, no torch import) so that the server,
+the UI, bench and batch can consume them without touching the engine's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"        # EOS committed or a stop string matched
+    LENGTH = "length"    # the canvas filled up without EOS
+    ABORT = "abort"      # the request was aborted (client gone, Stop button, deadline)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One denoising step of one request.
+
+    canvas:      token ids of the answer canvas (gen_length long; ``mask_id`` where masked).
+    committed:   canvas positions (0-based, relative to the answer) committed in this step.
+    confidences: the confidence of each committed position, aligned with ``committed``.
+    text:        decoded text of the contiguous committed prefix, cut at the first EOS/EoT.
+    """
+
+    request_id: str
+    step: int
+    block: int
+    canvas: tuple[int, ...]
+    committed: tuple[int, ...]
+    confidences: tuple[float, ...]
+    nfe: int
+    elapsed: float
+    text: str
+    mask_id: int
+    block_length: int
+    finished: bool = False
+
+    @property
+    def num_masked(self) -> int:
+        return sum(1 for t in self.canvas if t == self.mask_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["canvas"] = list(self.canvas)
+        out["committed"] = list(self.committed)
+        out["confidences"] = list(self.confidences)
+        return out
+
+
+@dataclass(frozen=True)
+class Timings:
+    total_s: float
+    first_block_s: float | None = None   # time until the first block was fully committed
+    queue_s: float = 0.0                 # time spent waiting for admission
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int   # generated tokens before the first EOS (DESIGN.md)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_dict(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The final outcome of one request.
+
+    token_ids: generated ids before the first EOS/EoT (no padding, no prompt).
+    canvas:    the whole final answer canvas, EOS padding included.
+    """
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    canvas: tuple[int, ...]
+    finish_reason: FinishReason
+    nfe: int
+    steps: int
+    timings: Timings
+    usage: Usage
+    seed: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        return self.usage.completion_tokens / self.nfe if self.nfe else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        t = self.timings.total_s
+        return self.usage.completion_tokens / t if t > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": str(self.finish_reason),
+            "nfe": self.nfe,
+            "steps": self.steps,
+            "tokens_per_forward": round(self.tokens_per_forward, 4),
+            "elapsed_s": round(self.timings.total_s, 6),
+            "first_block_s": self.timings.first_block_s,
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "usage": self.usage.to_dict(),
+            "seed": self.seed,
+        }

@@ -1,0 +1,180 @@
+"""GenerationParams: the one place where request knobs are defined and validated.
+
+Every consumer (CLI, server, UI, bench, batch) builds a ``GenerationParams`` and lets its
+``__post_init__`` reject bad values with a ``ValueError`` that names the field, the value and
+what is allowed, so error messages look the same everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+DECODINGS = ("fixed", "threshold", "factor")
+REMASKINGS = ("low_confidence", "margin", "entropy", "random")
+CACHES = ("none", "prefix", "dual")
+
+MAX_GEN_LENGTH = 4096
+MAX_STEPS = 4096
+MAX_TEMPERATURE = 10.0
+MAX_CFG_SCALE = 20.0
+MAX_STOP_STRINGS = 8
+MAX_SEED = 2**63 - 1
+
+# Dream's names for its unmasking orders map onto our confidence measures.
+DREAM_ALGS = {"maskgit_plus": "low_confidence", "topk_margin": "margin",
+              "entropy": "entropy", "origin": "random"}
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """How one request is denoised.
+
+    gen_length:   masked positions appended to the prompt (the answer canvas).
+    block_length: semi-autoregressive block size; blocks are denoised left to right.
+    steps:        denoising steps over the whole canvas for ``decoding="fixed"``, split evenly
+                  across blocks (LLaDA's linear schedule). None = gen_length (one token a step).
+                  For adaptive decodings it is the cap on steps per block times blocks.
+    temperature:  0 = greedy; > 0 adds Gumbel noise computed in float64 (LLaDA, sec. B.3).
+    top_p/top_k:  nucleus / top-k filtering of the logits before sampling (1.0 / 0 = off).
+    decoding:     "fixed" (reference), "threshold" (commit every position with confidence >=
+                  threshold, at least one), "factor" (Fast-dLLM's factor rule).
+    remasking:    which confidence orders the commits: low_confidence (top-1 probability),
+                  margin (top1 - top2), entropy (negative entropy), random.
+    cache:        block KV cache policy: none (exact), prefix, dual.
+    cfg_scale:    unsupervised classifier-free guidance scale (0 = off).
+    suppress_eos: set EOS/EoT logits to -inf (forces a full-length answer).
+    defer_eos:    give EOS/EoT confidence -inf so they are committed last.
+    early_stop:   finish as soon as everything after a committed EOS can only be EOS.
+    stop:         strings that end the text (cut at the first; finish_reason "stop").
+    seed:         per-request noise seed; None picks one and reports it.
+    """
+
+    gen_length: int = 128
+    block_length: int = 32
+    steps: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    decoding: str = "fixed"
+    threshold: float = 0.9
+    factor: float = 1.0
+    remasking: str = "low_confidence"
+    cache: str = "none"
+    cfg_scale: float = 0.0
+    suppress_eos: bool = False
+    defer_eos: bool = False
+    early_stop: bool = True
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif isinstance(self.stop, list):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if self.remasking in DREAM_ALGS:
+            object.__setattr__(self, "remasking", DREAM_ALGS[self.remasking])
+        _validate(self)
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // self.block_length
+
+    @property
+    def total_steps(self) -> int:
+        return self.gen_length if self.steps is None else self.steps
+
+    @property
+    def steps_per_block(self) -> int:
+        return self.total_steps // self.num_blocks
+
+    def replace(self, **changes: Any) -> "GenerationParams":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["stop"] = list(self.stop)
+        return out
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], base: "GenerationParams | None" = None
+                  ) -> "GenerationParams":
+        """Build from a mapping (JSON body, CLI args); unknown keys are an error."""
+        unknown = sorted(set(data) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(f"unknown generation parameter(s): {', '.join(unknown)}; "
+                             f"allowed: {', '.join(cls.field_names())}")
+        return replace(base or cls(), **data)
+
+
+# ---------------------------------------------------------------------- validation
+def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+
+
+def _check_float(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> None:
+    interval = f"{'(' if lo_open else '['}{lo}, {hi}]"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number in {interval}, got {value}")
+    if value < lo or value > hi or (lo_open and value == lo):
+        raise ValueError(f"{name} must be in {interval}, got {value}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _validate(p: GenerationParams) -> None:
+    _check_int("gen_length", p.gen_length, 1, MAX_GEN_LENGTH)
+    _check_int("block_length", p.block_length, 1, MAX_GEN_LENGTH)
+    if p.gen_length % p.block_length:
+        raise ValueError(f"gen_length ({p.gen_length}) must be a multiple of block_length "
+                         f"({p.block_length})")
+    if p.steps is not None:
+        _check_int("steps", p.steps, 1, MAX_STEPS)
+        blocks = p.gen_length // p.block_length
+        if p.steps % blocks:
+            raise ValueError(f"steps ({p.steps}) must be a multiple of the number of blocks "
+                             f"gen_length/block_length = {blocks}")
+        if p.steps > p.gen_length:
+            raise ValueError(f"steps ({p.steps}) must be at most gen_length ({p.gen_length})")
+    _check_float("temperature", p.temperature, 0.0, MAX_TEMPERATURE)
+    _check_float("top_p", p.top_p, 0.0, 1.0, lo_open=True)
+    _check_int("top_k", p.top_k, 0, 1_000_000)
+    _check_choice("decoding", p.decoding, DECODINGS)
+    _check_float("threshold", p.threshold, 0.0, 1.0, lo_open=True)
+    _check_float("factor", p.factor, 0.0, 100.0, lo_open=True)
+    _check_choice("remasking", p.remasking, REMASKINGS + tuple(DREAM_ALGS))
+    _check_choice("cache", p.cache, CACHES)
+    _check_float("cfg_scale", p.cfg_scale, 0.0, MAX_CFG_SCALE)
+    if p.cfg_scale > 0 and p.cache != "none":
+        raise ValueError(f"cfg_scale > 0 needs cache 'none' (guidance runs a second, "
+                         f"prompt-masked forward that the block cache does not hold); "
+                         f"got cache {p.cache!r}")
+    for name in ("suppress_eos", "defer_eos", "early_stop"):
+        _check_bool(name, getattr(p, name))
+    if len(p.stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(p.stop)}")
+    for s in p.stop:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
+    if p.seed is not None:
+        _check_int("seed", p.seed, 0, MAX_SEED)

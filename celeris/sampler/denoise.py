@@ -1,0 +1,281 @@
+"""The denoising loop: a batch of requests advanced one step (one forward) at a time.
+
+A ``DenoiseBatch`` holds the canvases of its requests right-aligned in one (B, L) tensor (left
+padding), so every row's answer ends at column L. Each request keeps its own block, schedule,
+knobs and noise generator; rows may join (``add``) and leave (``remove``, or when finished)
+between steps, which is what step-level batching in the scheduler builds on.
+
+One ``step()`` = one forward (two with classifier-free guidance) and exactly one host sync,
+which returns the committed tokens and confidences of every row's active block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from ..params import GenerationParams
+from .forward import ForwardInputs, make_forward
+from .noise import filter_logits, gumbel_argmax, uniform_noise
+from .policies import CONFIDENCES, DEFERRED, SELECTORS, linear_schedule
+
+
+class MaskPredictor(Protocol):
+    """What the sampler needs from a model: ``model(ids, attention_mask=..., ...) -> .logits``."""
+
+    def __call__(self, input_ids: torch.Tensor, **kwargs) -> object: ...
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    mask: int
+    pad: int
+    stop: tuple[int, ...]      # EOS and end-of-turn
+
+
+@dataclass(frozen=True)
+class SamplerRequest:
+    """canvas: an initial answer canvas (gen_length ids) for infilling; positions holding the
+    mask id are generated, the others stay pinned. None = all masked."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: GenerationParams
+    seed: int
+    canvas: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    request_id: str
+    step: int
+    block: int
+    canvas: tuple[int, ...]
+    committed: tuple[int, ...]
+    confidences: tuple[float, ...]
+    nfe: int
+    finish: str | None = None     # "stop" | "length" once the request is done
+
+
+class _Row:
+    """Host-side state of one request; the host canvas mirrors the device one exactly."""
+
+    def __init__(self, req: SamplerRequest, special: SpecialTokens, device: torch.device):
+        p = req.params
+        self.req, self.p, self.special = req, p, special
+        self.canvas = list(req.canvas) if req.canvas is not None else [special.mask] * p.gen_length
+        if len(self.canvas) != p.gen_length:
+            raise ValueError(f"canvas has {len(self.canvas)} positions but gen_length is "
+                             f"{p.gen_length}")
+        self.needs_rng = p.temperature > 0 or p.remasking == "random"
+        self.generator = (torch.Generator(device=device).manual_seed(req.seed)
+                          if self.needs_rng else None)
+        self.block, self.step, self.nfe = -1, 0, 0
+        self.fresh_block = True         # the next step is the first of its block
+        self.schedule: list[int] = []
+        self.prefix = 0                 # length of the contiguous committed prefix
+        self.stopped = False            # a stop token lies inside that prefix
+        self.finish: str | None = None
+        self._next_block()
+
+    @property
+    def total_len(self) -> int:
+        return len(self.req.prompt_ids) + self.p.gen_length
+
+    def block_slice(self) -> range:
+        bl = self.p.block_length
+        return range(self.block * bl, (self.block + 1) * bl)
+
+    def _next_block(self) -> None:
+        """Advance to the next block that still has masks; finish when there is none."""
+        mask = self.special.mask
+        while True:
+            self.block += 1
+            if self.block >= self.p.num_blocks:
+                self.finish = "stop" if self.stopped or self._has_stop() else "length"
+                return
+            masked = sum(1 for i in self.block_slice() if self.canvas[i] == mask)
+            if masked:
+                self.fresh_block = True
+                counts = linear_schedule(masked, self.p.steps_per_block)
+                self.schedule = [c for c in counts if c]    # a step that commits nothing is skipped
+                return
+
+    def _has_stop(self) -> bool:
+        return any(t in self.special.stop for t in self.canvas)
+
+    def commit(self, block_ids: list[float], transfer: list[float], conf: list[float],
+               nfe: int) -> StepOutput:
+        base = self.block * self.p.block_length
+        committed, confs = [], []
+        for j, (tok, t, c) in enumerate(zip(block_ids, transfer, conf)):
+            if t:
+                self.canvas[base + j] = int(tok)
+                committed.append(base + j)
+                confs.append(float(c))
+        self.step += 1
+        self.nfe += nfe
+        self.fresh_block = False
+        if self.schedule:
+            self.schedule.pop(0)
+        self._advance_prefix()
+        if self.p.early_stop and self.stopped:
+            self.finish = "stop"
+        elif all(self.canvas[i] != self.special.mask for i in self.block_slice()):
+            self._next_block()
+        return StepOutput(self.req.request_id, self.step, self.block if self.finish is None
+                          else self.p.num_blocks - 1, tuple(self.canvas), tuple(committed),
+                          tuple(confs), self.nfe, self.finish)
+
+    def _advance_prefix(self) -> None:
+        """Once a stop token sits in the committed prefix, the text can no longer change:
+        committed tokens are never remasked and the text ends at the first stop token."""
+        mask, stop = self.special.mask, self.special.stop
+        while self.prefix < len(self.canvas) and self.canvas[self.prefix] != mask:
+            if self.canvas[self.prefix] in stop:
+                self.stopped = True
+                return
+            self.prefix += 1
+
+
+class DenoiseBatch:
+    def __init__(self, model: MaskPredictor, special: SpecialTokens, device: torch.device,
+                 cache: str = "none", shift: int = 0) -> None:
+        """shift: 1 when the model reads position i's logits from position i-1 (Dream)."""
+        self.model, self.special, self.device = model, special, device
+        self.rows: list[_Row] = []
+        self.forward = make_forward(cache, model, special.mask, shift)
+        self.cache = cache
+        self.x = torch.empty(0, 0, dtype=torch.long, device=device)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.req.request_id for r in self.rows]
+
+    # ------------------------------------------------------------ membership
+    def add(self, requests: Sequence[SamplerRequest]) -> None:
+        for req in requests:
+            if req.params.cache != self.cache:
+                raise ValueError(f"request {req.request_id} uses cache {req.params.cache!r} but "
+                                 f"this batch uses {self.cache!r}")
+        new = [_Row(r, self.special, self.device) for r in requests]
+        keep = list(range(len(self.rows)))
+        self.rows.extend(new)
+        self._rebuild(keep, len(new))
+
+    def remove(self, request_ids: Sequence[str]) -> None:
+        drop = set(request_ids)
+        keep = [i for i, r in enumerate(self.rows) if r.req.request_id not in drop]
+        if len(keep) != len(self.rows):
+            self.rows = [self.rows[i] for i in keep]
+            self._rebuild(keep, 0)
+
+    def _rebuild(self, kept: list[int], added: int) -> None:
+        """Re-lay the device tensors from the host rows (the host canvases are authoritative)."""
+        rows = self.rows
+        if not rows:
+            self.x = torch.empty(0, 0, dtype=torch.long, device=self.device)
+            self.forward.reset(kept, 0, 0)
+            return
+        L = max(r.total_len for r in rows)
+        pad = self.special.pad
+        x = [[pad] * (L - r.total_len) + list(r.req.prompt_ids) + r.canvas for r in rows]
+        self.x = torch.tensor(x, dtype=torch.long, device=self.device)             # (B, L)
+        lens = torch.tensor([r.total_len for r in rows], device=self.device)
+        col = torch.arange(L, device=self.device)
+        real = col[None, :] >= (L - lens)[:, None]                                  # (B, L)
+        self.key_mask = None if all(r.total_len == L for r in rows) else real
+        self.positions = (real.long().cumsum(-1) - 1).clamp(min=0)                  # (B, L)
+        gen = torch.tensor([r.p.gen_length for r in rows], device=self.device)
+        self.prompt_mask = col[None, :] < (L - gen)[:, None]                        # (B, L)
+        f = lambda name, dt: torch.tensor([getattr(r.p, name) for r in rows],  # noqa: E731
+                                          dtype=dt, device=self.device)
+        self.temperature, self.cfg = f("temperature", torch.float64), f("cfg_scale", torch.float32)
+        self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
+        self.threshold, self.factor = f("threshold", torch.float32), f("factor", torch.float32)
+        self.suppress = f("suppress_eos", torch.bool)[:, None, None]
+        self.defer = f("defer_eos", torch.bool)[:, None]
+        self.any_cfg = any(r.p.cfg_scale > 0 for r in rows)
+        self.any_filter = any(r.p.top_k > 0 or r.p.top_p < 1.0 for r in rows)
+        self.any_suppress = any(r.p.suppress_eos for r in rows)
+        self.any_defer = any(r.p.defer_eos for r in rows)
+        self.block_length = rows[0].p.block_length
+        if any(r.p.block_length != self.block_length for r in rows):
+            raise ValueError("all requests in one batch must share block_length")
+        self.groups = {}
+        for attr, table in (("remasking", CONFIDENCES), ("decoding", SELECTORS)):
+            for name in {getattr(r.p, attr) for r in rows}:
+                rows_mask = torch.tensor([getattr(r.p, attr) == name for r in rows],
+                                         device=self.device)
+                self.groups.setdefault(attr, []).append((table[name], rows_mask[:, None]))
+        self.stop_ids = torch.tensor(self.special.stop, device=self.device)
+        self.forward.reset(kept, added, L)
+
+    # ------------------------------------------------------------ the step
+    def step(self) -> list[StepOutput]:
+        """One denoising step for every row; returns one StepOutput per row (finished rows
+        carry ``finish`` and leave the batch)."""
+        rows = self.rows
+        if not rows:
+            return []
+        L, bl = self.x.shape[1], self.block_length
+        starts = [L - r.p.gen_length + r.block * bl for r in rows]
+        bstart = torch.tensor(starts, device=self.device)
+        idx = bstart[:, None] + torch.arange(bl, device=self.device)                # (B, bl)
+        k = torch.tensor([r.schedule[0] if r.schedule else 0 for r in rows], device=self.device)
+        logits = self.forward(ForwardInputs(
+            x=self.x, key_mask=self.key_mask, positions=self.positions, idx=idx,
+            block_starts=starts, prompt_mask=self.prompt_mask, cfg=self.cfg,
+            any_cfg=self.any_cfg,
+            refresh=[r.fresh_block for r in rows]))                                 # (B, bl, V)
+        x0, conf = self._choose(logits)
+        xb = self.x.gather(1, idx)                                                  # (B, bl)
+        masked = xb == self.special.mask
+        conf = torch.where(masked, conf, float("-inf"))
+        transfer = torch.zeros_like(masked)
+        for selector, rows_mask in self.groups["decoding"]:
+            chosen = selector(conf, masked, k, self.threshold, self.factor)
+            transfer = torch.where(rows_mask, chosen, transfer)
+        new_xb = torch.where(transfer, x0, xb)
+        self.x.scatter_(1, idx, new_xb)
+        packed = torch.stack([new_xb.double(), transfer.double(),
+                              conf.double().nan_to_num(neginf=0.0)], dim=1).tolist()  # one sync
+        nfe = 2 if self.any_cfg else 1
+        outs = [row.commit(*packed[b], nfe=nfe) for b, row in enumerate(rows)]
+        done = [o.request_id for o in outs if o.finish is not None]
+        if done:
+            self.remove(done)
+        return outs
+
+    def _choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x0 (B, bl) and its confidence (B, bl) from the block's logits (B, bl, V).
+
+        The mask token itself is never a prediction: a committed [MASK] would stay masked.
+        """
+        logits[..., self.special.mask] = float("-inf")
+        if self.any_suppress:
+            stop_logits = logits[..., self.stop_ids]
+            logits[..., self.stop_ids] = torch.where(self.suppress, float("-inf"), stop_logits)
+        if self.any_filter:
+            logits = filter_logits(logits, self.top_k, self.top_p)
+        gens = [r.generator if r.p.temperature > 0 else None for r in self.rows]
+        x0 = gumbel_argmax(logits, self.temperature, gens)                         # (B, bl)
+        uniform = None
+        if any(r.p.remasking == "random" for r in self.rows):
+            uniform = torch.stack([
+                uniform_noise(x0.shape[1:], r.generator, self.device) if r.p.remasking == "random"
+                else torch.zeros(x0.shape[1:], dtype=torch.float64, device=self.device)
+                for r in self.rows]).float()                                        # (B, bl)
+        probs = logits.float().softmax(dim=-1)                                      # (B, bl, V)
+        conf = torch.zeros(x0.shape, dtype=torch.float32, device=self.device)
+        for measure, rows_mask in self.groups["remasking"]:
+            conf = torch.where(rows_mask, measure(probs, x0, uniform).float(), conf)
+        if self.any_defer:
+            is_stop = torch.isin(x0, self.stop_ids)
+            conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
+        return x0, conf

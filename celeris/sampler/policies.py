@@ -1,0 +1,125 @@
+"""Unmask schedules (how many positions a step commits) and confidence measures (which ones).
+
+Each policy is a tiny object behind one interface, resolved once per request from its
+GenerationParams; the denoising step never compares strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+NEG_INF = float("-inf")
+# Confidence given to EOS/EoT candidates when they are deferred: below every real confidence
+# (probabilities, margins, negative entropies >= -log V) yet finite, so a fixed schedule that
+# must commit them still can.
+DEFERRED = -1.0e4
+
+
+def linear_schedule(masked: int, steps: int) -> list[int]:
+    """Tokens to commit at each of ``steps`` steps so that ``masked`` are done at the end.
+
+    LLaDA's linear noise schedule makes the expected number of tokens unmasked per step
+    constant (Nie et al. 2025, sec. 2.4): masked // steps each, the remainder spread over the
+    first steps.
+    """
+    base, extra = divmod(masked, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+# ---------------------------------------------------------------- confidence measures
+class Confidence(Protocol):
+    needs_noise: bool
+
+    def __call__(self, probs: torch.Tensor, x0: torch.Tensor,
+                 uniform: torch.Tensor | None) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class TopProbability:
+    """low_confidence remasking: p(x0), the probability of the chosen token (LLaDA;
+    Dream's maskgit_plus)."""
+    needs_noise: bool = False
+
+    def __call__(self, probs, x0, uniform):
+        return probs.gather(-1, x0[..., None]).squeeze(-1)                     # (B, W)
+
+
+@dataclass(frozen=True)
+class Margin:
+    """top1 - top2 probability (Dream's topk_margin)."""
+    needs_noise: bool = False
+
+    def __call__(self, probs, x0, uniform):
+        top2 = probs.topk(2, dim=-1).values                                     # (B, W, 2)
+        return top2[..., 0] - top2[..., 1]
+
+
+@dataclass(frozen=True)
+class NegEntropy:
+    """Negative entropy of the position's distribution (Dream's entropy order)."""
+    needs_noise: bool = False
+
+    def __call__(self, probs, x0, uniform):
+        logp = probs.clamp_min(1e-30).log()
+        return (probs * logp).sum(-1)
+
+
+@dataclass(frozen=True)
+class RandomOrder:
+    """random remasking: a uniform draw per position (LLaDA; Dream's origin)."""
+    needs_noise: bool = True
+
+    def __call__(self, probs, x0, uniform):
+        return uniform
+
+
+CONFIDENCES = {"low_confidence": TopProbability(), "margin": Margin(),
+               "entropy": NegEntropy(), "random": RandomOrder()}
+
+
+# ---------------------------------------------------------------- unmask schedules
+class Selector(Protocol):
+    def __call__(self, conf: torch.Tensor, masked: torch.Tensor, k: torch.Tensor,
+                 threshold: torch.Tensor, factor: torch.Tensor) -> torch.Tensor: ...
+
+
+def _ranks(conf: torch.Tensor) -> torch.Tensor:
+    """Rank of each position by descending confidence within its row (0 = most confident)."""
+    order = conf.argsort(dim=-1, descending=True, stable=True)                  # (B, W)
+    return torch.empty_like(order).scatter_(-1, order, torch.arange(
+        conf.shape[-1], device=conf.device).expand_as(order))
+
+
+class FixedCount:
+    """The reference schedule: commit exactly k[b] positions, the most confident ones."""
+
+    def __call__(self, conf, masked, k, threshold, factor):
+        return (_ranks(conf) < k[:, None]) & masked
+
+
+class ConfidenceThreshold:
+    """Fast-dLLM's parallel decoding (Wu et al. 2025, sec. 3.3): commit every masked
+    position whose confidence >= threshold, and at least the most confident one."""
+
+    def __call__(self, conf, masked, k, threshold, factor):
+        best = (_ranks(conf) == 0) & masked.any(-1, keepdim=True)
+        return ((conf >= threshold[:, None]) & masked) | best
+
+
+class ConfidenceFactor:
+    """Fast-dLLM's factor rule: with confidences sorted c_1 >= c_2 >= ..., commit the top n
+    for the largest n with (n + 1) * (1 - c_n) < factor, and at least one."""
+
+    def __call__(self, conf, masked, k, threshold, factor):
+        rank = _ranks(conf)                                                     # (B, W)
+        ok = ((rank + 2) * (1.0 - conf) < factor[:, None]) & masked
+        # (n+1)(1-c_n) grows with n, so the admissible set is a prefix of the ranking
+        n = ok.sum(-1, keepdim=True).clamp_min(1)
+        return (rank < n) & masked
+
+
+SELECTORS = {"fixed": FixedCount(), "threshold": ConfidenceThreshold(),
+             "factor": ConfidenceFactor()}

@@ -1,0 +1,147 @@
+"""Tokenizer wrapper: encode, decode, chat template, and the special ids a sampler needs.
+
+Special ids come from the model's own files (config.json, tokenizer_config.json, the
+vocabulary), never from literals: LLaDA, Dream and celeris-tiny all spell them differently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import ModelLoadError
+
+# End-of-turn tokens by the names the supported families give them in their vocabularies.
+EOT_NAMES = ("<|eot|>", "<|eot_id|>", "<|im_end|>")
+MASK_NAMES = ("<|mask|>", "<|mdm_mask|>")
+
+Messages = Sequence[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    mask: int
+    eos: int
+    pad: int
+    eot: int | None
+
+    @property
+    def stop(self) -> tuple[int, ...]:
+        """Ids that end an answer: EOS and, where the model has one, end-of-turn."""
+        return (self.eos,) if self.eot is None or self.eot == self.eos else (self.eos, self.eot)
+
+
+class Tokenizer:
+    def __init__(self, hf_tokenizer: Any, special: SpecialIds) -> None:
+        self.hf = hf_tokenizer
+        self.special = special
+
+    # --------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, model_dir: str | Path, config: Any = None) -> "Tokenizer":
+        model_dir = Path(model_dir)
+        hf = _load_hf_tokenizer(model_dir)
+        return cls(hf, _special_ids(hf, config, model_dir))
+
+    # --------------------------------------------------------------- text <-> ids
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=True)["input_ids"])
+
+    def encode_chat(self, messages: Messages) -> list[int]:
+        if not self.has_chat_template:
+            raise ValueError("this model has no chat template; send a plain prompt instead")
+        out = self.hf.apply_chat_template(list(messages), add_generation_prompt=True,
+                                          tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):
+            out = out["input_ids"]
+        return list(out)
+
+    def encode_prompt(self, prompt: str | Messages) -> list[int]:
+        """A string is encoded as is; a list of {"role", "content"} dicts goes through the
+        model's chat template with the assistant turn opened."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            return self.encode(prompt)
+        messages = validate_messages(prompt)
+        return self.encode_chat(messages)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def answer_ids(self, canvas: Sequence[int]) -> list[int]:
+        """The generated ids before the first stop token (EOS/EoT) or mask."""
+        stop = set(self.special.stop) | {self.special.mask}
+        out = []
+        for t in canvas:
+            if t in stop:
+                break
+            out.append(t)
+        return out
+
+
+def validate_messages(messages: Any) -> list[dict[str, str]]:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{i}] must be an object with a string 'content'")
+        role = m.get("role")
+        if role not in ("system", "user", "assistant"):
+            raise ValueError(f"messages[{i}].role must be system, user or assistant; got {role!r}")
+        out.append({"role": role, "content": m["content"]})
+    if out[-1]["role"] == "assistant":
+        raise ValueError("the last message must not be from the assistant")
+    return out
+
+
+def _load_hf_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as first:   # e.g. a tokenizer class that needs remote code
+        tok_file = model_dir / "tokenizer.json"
+        if not tok_file.is_file():
+            raise ModelLoadError(f"no usable tokenizer in {model_dir}: {first}") from None
+        extra = {}
+        cfg_file = model_dir / "tokenizer_config.json"
+        if cfg_file.is_file():
+            cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+            extra = {k: cfg[k] for k in ("bos_token", "eos_token", "pad_token", "mask_token",
+                                         "chat_template") if isinstance(cfg.get(k), str)}
+        return PreTrainedTokenizerFast(tokenizer_file=str(tok_file), **extra)
+
+
+def _token_id(hf: Any, names: Sequence[str]) -> int | None:
+    vocab = hf.get_vocab()
+    for name in names:
+        if name in vocab:
+            return int(vocab[name])
+    return None
+
+
+def _special_ids(hf: Any, config: Any, model_dir: Path) -> SpecialIds:
+    mask = getattr(config, "mask_token_id", None)
+    if mask is None:
+        mask = hf.mask_token_id if hf.mask_token_id is not None else _token_id(hf, MASK_NAMES)
+    if mask is None:
+        raise ModelLoadError(f"{model_dir}: no mask token: set mask_token_id in config.json "
+                             "or mask_token in tokenizer_config.json")
+    eos = hf.eos_token_id if hf.eos_token_id is not None else getattr(config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0]
+    if eos is None:
+        raise ModelLoadError(f"{model_dir}: no EOS token in the tokenizer or config")
+    eot = getattr(config, "eot_token_id", None)
+    if eot is None:
+        eot = _token_id(hf, EOT_NAMES)
+    pad = hf.pad_token_id if hf.pad_token_id is not None else eos
+    return SpecialIds(mask=int(mask), eos=int(eos), pad=int(pad),
+                      eot=None if eot is None else int(eot))

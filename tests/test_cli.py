@@ -1,0 +1,262 @@
+"""CLI tests that need no model: argparse wiring, option mapping and dispatch.
+
+The engine, trainer and servers are replaced by small fakes, so these run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+from celeris import cli
+
+
+def _parse(*argv: str):
+    return cli.build_parser().parse_args(list(argv))
+
+
+# ----------------------------------------------------------------------- argparse level
+def test_unknown_subcommand_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["frobnicate"])
+    assert exc.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_missing_subcommand_exits_2():
+    with pytest.raises(SystemExit) as exc:
+        cli.main([])
+    assert exc.value.code == 2
+
+
+def test_bad_option_type_exits_2():
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["generate", "--prompt", "x", "--gen-length", "many"])
+    assert exc.value.code == 2
+
+
+def test_help_works_without_engine(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["generate", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--gen-length", "--remasking", "--cache", "--stop", "--chat", "--json"):
+        assert flag in out
+
+
+def test_generation_overrides_only_given_options():
+    args = _parse("generate", "--prompt", "hi", "--gen-length", "64", "--temperature", "0.5")
+    assert cli.generation_overrides(args) == {"gen_length": 64, "temperature": 0.5}
+
+
+def test_generation_overrides_empty_and_repeatable_stop():
+    assert cli.generation_overrides(_parse("generate", "--prompt", "hi")) == {}
+    args = _parse("generate", "--prompt", "hi", "--stop", "\n\n", "--stop", "END",
+                  "--cache", "prefix", "--seed", "0", "--top-k", "0")
+    assert cli.generation_overrides(args) == {"stop": ["\n\n", "END"], "cache": "prefix",
+                                              "seed": 0, "top_k": 0}
+
+
+def test_eval_shares_generation_options():
+    args = _parse("eval", "--block-length", "16", "--decoding", "threshold",
+                  "--threshold", "0.8")
+    assert cli.generation_overrides(args) == {"block_length": 16, "decoding": "threshold",
+                                              "threshold": 0.8}
+
+
+def test_generation_options_are_generation_params_fields():
+    from celeris.params import GenerationParams
+
+    every = ["--gen-length", "8", "--steps", "8", "--block-length", "8", "--temperature", "0",
+             "--top-p", "1", "--top-k", "0", "--remasking", "margin", "--decoding", "fixed",
+             "--threshold", "0.9", "--factor", "1", "--cache", "none", "--cfg-scale", "0",
+             "--seed", "1", "--stop", "x"]
+    overrides = cli.generation_overrides(_parse("generate", "--prompt", "p", *every))
+    assert len(overrides) == len(every) // 2
+    assert set(overrides) <= set(GenerationParams.field_names())
+    GenerationParams().replace(**overrides)  # the mapped values validate
+
+
+# ----------------------------------------------------------------------- lazy subcommands
+@pytest.mark.parametrize("argv,module", [
+    (["bench", "--suite", "quick"], "celeris.bench"),
+    (["batch", "in.jsonl", "--output", "out.jsonl"], "celeris.batch"),
+    (["serve", "--port", "8123"], "celeris.server"),
+])
+def test_missing_module_returns_2(monkeypatch, capsys, argv, module):
+    monkeypatch.setitem(sys.modules, module, None)  # makes the import raise ImportError
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {argv[0]} is not available yet" in err
+    assert "Traceback" not in err
+
+
+def test_module_without_main_is_not_available(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "celeris.bench", types.ModuleType("celeris.bench"))
+    assert cli.main(["bench"]) == 2
+    assert "bench is not available yet" in capsys.readouterr().err
+
+
+def test_real_import_errors_are_not_hidden():
+    with pytest.raises(ImportError):
+        cli._unavailable("serve", "celeris.server", ImportError("no fastapi", name="fastapi"))
+
+
+def test_dispatch_passes_namespace(monkeypatch):
+    seen = {}
+    fake = types.ModuleType("celeris.server")
+    fake.main = lambda args: seen.update(vars(args)) or 0
+    monkeypatch.setitem(sys.modules, "celeris.server", fake)
+    assert cli.main(["serve", "--port", "8123", "--api-key", "k", "--max-queue", "4"]) == 0
+    assert seen["port"] == 8123 and seen["host"] == "127.0.0.1"
+    assert seen["api_key"] == "k" and seen["max_queue"] == 4 and seen["max_running"] is None
+
+
+def test_bench_and_batch_options(monkeypatch):
+    seen = []
+    for name in ("celeris.bench", "celeris.batch"):
+        fake = types.ModuleType(name)
+        fake.main = lambda args: seen.append(args) or 0
+        monkeypatch.setitem(sys.modules, name, fake)
+    assert cli.main(["bench", "--suite", "quick", "--json", "r.json", "--html", "r.html"]) == 0
+    assert cli.main(["batch", "in.jsonl", "--output", "o", "--errors", "e", "--concurrency", "3",
+                     "--skip-invalid"]) == 0
+    bench, batch = seen
+    assert (bench.suite, bench.json, bench.html) == ("quick", "r.json", "r.html")
+    assert (batch.input, batch.output, batch.errors, batch.concurrency) == ("in.jsonl", "o",
+                                                                          "e", 3)
+    assert batch.skip_invalid and not batch.restart
+
+
+# ----------------------------------------------------------------------- train / eval
+def _fake_train_module(monkeypatch, **functions):
+    fake = types.ModuleType("celeris.train")
+    for name, fn in functions.items():
+        setattr(fake, name, fn)
+    monkeypatch.setitem(sys.modules, "celeris.train", fake)
+
+
+def test_train_dispatch(monkeypatch, capsys):
+    calls = []
+
+    def train(**kwargs):
+        calls.append(kwargs)
+        return {"steps": 10, "val_loss": 4.123456, "history": [1, 2]}
+
+    _fake_train_module(monkeypatch, train=train)
+    assert cli.main(["train", "--out", "models/x", "--minutes", "1.5", "--kind", "ar"]) == 0
+    assert calls == [{"out": "models/x", "minutes": 1.5, "steps": None, "device": "cpu",
+                      "resume": False, "seed": 0, "kind": "ar", "preset": None}]
+    out = capsys.readouterr().out.strip()
+    assert out.count("\n") == 0 and "steps=10" in out and "val_loss=4.123" in out
+
+
+def test_eval_dispatch_table_and_json(monkeypatch, capsys):
+    calls = []
+    report = {"tasks": {"arith": 0.75, "copy": {"accuracy": 1.0}}, "masked_loss": 3.5}
+
+    def evaluate(**kwargs):
+        calls.append(kwargs)
+        return report
+
+    _fake_train_module(monkeypatch, evaluate=evaluate)
+    assert cli.main(["eval", "--model", "m", "--limit", "5", "--gen-length", "32"]) == 0
+    assert calls[0] == {"model": "m", "kind": "diffusion", "overrides": {"gen_length": 32},
+                        "limit": 5, "device": "auto"}
+    table = capsys.readouterr().out
+    assert "arith" in table and "0.75" in table and "copy" in table and "3.5" in table
+    assert cli.main(["eval", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == report
+
+
+def test_eval_user_error_returns_2(monkeypatch, capsys):
+    def evaluate(**kwargs):
+        raise FileNotFoundError("no model at nowhere/")
+
+    _fake_train_module(monkeypatch, evaluate=evaluate)
+    assert cli.main(["eval", "--model", "nowhere/"]) == 2
+    assert capsys.readouterr().err.strip() == "error: no model at nowhere/"
+
+
+# ----------------------------------------------------------------------- generate (fake engine)
+class _FakeResult:
+    text = "there was a cat"
+
+    def to_dict(self):
+        return {"text": self.text, "token_ids": [1, 2], "finish_reason": "eos", "nfe": 4}
+
+
+class _FakeEngine:
+    calls: list = []
+
+    @classmethod
+    def from_pretrained(cls, model, device="auto", dtype="auto"):
+        if model == "missing":
+            raise FileNotFoundError("model directory not found: missing")
+        cls.calls.append(("load", model, device, dtype))
+        return cls()
+
+    def default_params(self):
+        from celeris.params import GenerationParams
+
+        return GenerationParams(gen_length=64, block_length=16)
+
+    def generate(self, prompt, params):
+        self.calls.append(("generate", prompt, params))
+        return _FakeResult()
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    import celeris
+
+    _FakeEngine.calls = []
+    monkeypatch.setattr(celeris, "Engine", _FakeEngine, raising=False)
+    return _FakeEngine
+
+
+def test_generate_plain(fake_engine, capsys):
+    assert cli.main(["generate", "--prompt", "Once", "--temperature", "0.5"]) == 0
+    assert capsys.readouterr().out == "there was a cat\n"
+    load, gen = fake_engine.calls
+    assert load == ("load", None, "auto", "auto")
+    assert gen[1] == "Once"
+    assert (gen[2].gen_length, gen[2].block_length, gen[2].temperature) == (64, 16, 0.5)
+
+
+def test_generate_chat_json(fake_engine, capsys):
+    assert cli.main(["generate", "--model", "m", "--prompt", "Hi", "--chat", "--json",
+                     "--device", "cpu", "--dtype", "float32"]) == 0
+    assert json.loads(capsys.readouterr().out)["finish_reason"] == "eos"
+    assert fake_engine.calls[0] == ("load", "m", "cpu", "float32")
+    assert fake_engine.calls[1][1] == [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--gen-length", "-3"], "gen_length"),
+    (["--gen-length", "40"], "block_length"),       # 40 is not a multiple of the default 16
+    (["--remasking", "bogus"], "remasking"),
+    (["--model", "missing"], "model directory not found"),
+])
+def test_generate_user_errors(fake_engine, capsys, argv, needle):
+    assert cli.main(["generate", "--prompt", "x", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and "Traceback" not in err
+
+
+def test_generate_celeris_error(monkeypatch, capsys):
+    import celeris
+
+    error_type = getattr(celeris, "CelerisError", ValueError)
+
+    class Broken:
+        @classmethod
+        def from_pretrained(cls, *a, **k):
+            raise error_type("checkpoint is corrupt")
+
+    monkeypatch.setattr(celeris, "Engine", Broken, raising=False)
+    assert cli.main(["generate", "--prompt", "x"]) == 2
+    assert capsys.readouterr().err.strip() == "error: checkpoint is corrupt"
