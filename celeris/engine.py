@@ -27,7 +27,7 @@ from .tokenizer import Messages, Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "models" / "celeris-tiny"
-Prompt = str | Messages
+Prompt = str | Messages | list[int]   # text, chat messages, or token ids
 
 
 @dataclass
@@ -85,7 +85,7 @@ class Engine:
                 ) -> SamplerRequest:
         """Validate and tokenise one request (raises ValueError with a clear message)."""
         params = params or self._defaults
-        ids = self.tokenizer.encode_prompt(prompt)
+        ids = list(prompt) if _is_ids(prompt) else self.tokenizer.encode_prompt(prompt)
         limit = self.model.config.max_position_embeddings
         if len(ids) + params.gen_length > limit:
             raise ValueError(f"prompt ({len(ids)} tokens) + gen_length ({params.gen_length}) "
@@ -103,6 +103,36 @@ class Engine:
         """Yield a StepEvent per denoising step as it happens, then the GenerationResult."""
         req = self.prepare(prompt, params, request_id, canvas)
         yield from self._run([req], stream=True)
+
+    def stream_infill(self, text: str, params: GenerationParams | None = None,
+                      span: int = 2, marker: str = "[MASK]", request_id: str | None = None
+                      ) -> Iterator[StepEvent | GenerationResult]:
+        """Fill the ``marker`` spans of ``text`` (each becomes ``span`` masked positions);
+        every other token stays pinned. The text before the first span is the prompt."""
+        prompt, canvas, params = self.infill_request(text, params, span, marker)
+        req = self.prepare(prompt, params, request_id, canvas)
+        yield from self._run([req], stream=True)
+
+    def infill_request(self, text: str, params: GenerationParams | None, span: int,
+                       marker: str) -> tuple[list[int], list[int], GenerationParams]:
+        if not isinstance(span, int) or not 1 <= span <= 64:
+            raise ValueError(f"span must be an integer in [1, 64], got {span!r}")
+        parts = text.split(marker)
+        if len(parts) < 2:
+            raise ValueError(f"infill text must contain at least one {marker} span")
+        mask, eos = self.special.mask, self.special.stop[0]
+        ids = self.tokenizer.encode(parts[0]) if parts[0] else []
+        canvas: list[int] = []
+        for part in parts[1:]:
+            canvas += [mask] * span + (self.tokenizer.encode(part) if part else [])
+        if not ids:   # a leading span: the first pinned token becomes the prompt
+            ids = [self.special.pad]
+        params = params or self._defaults
+        bl = min(params.block_length, 32)
+        gen = -(-len(canvas) // bl) * bl
+        canvas += [eos] * (gen - len(canvas))       # pinned end of text
+        params = params.replace(gen_length=gen, block_length=bl, steps=None)
+        return ids, canvas, params
 
     def generate(self, prompt: Prompt, params: GenerationParams | None = None,
                  request_id: str | None = None) -> GenerationResult:
@@ -200,6 +230,10 @@ class Engine:
                "defaults": self._defaults.to_dict()}
         out.update(memory_info(self.device))
         return out
+
+
+def _is_ids(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
