@@ -18,7 +18,8 @@ import torch
 
 from ..params import GenerationParams
 from .forward import ForwardInputs, make_forward
-from .noise import filter_logits, gumbel_argmax, uniform_noise
+from ..kernels import block_stats
+from .noise import filter_logits, gumbel_uniforms, uniform_noise
 from .policies import CONFIDENCES, DEFERRED, SELECTORS, linear_schedule
 
 
@@ -263,18 +264,24 @@ class DenoiseBatch:
             logits[..., self.stop_ids] = torch.where(self.suppress, float("-inf"), stop_logits)
         if self.any_filter:
             logits = filter_logits(logits, self.top_k, self.top_p)
+        B, W, V = logits.shape
         gens = [r.generator if r.p.temperature > 0 else None for r in self.rows]
-        x0 = gumbel_argmax(logits, self.temperature, gens)                         # (B, bl)
         uniform = None
+        if any(g is not None for g in gens):
+            uniform = gumbel_uniforms(gens, (W, V), self.device).view(B * W, V)
+        stats = block_stats(logits.reshape(B * W, V),
+                            self.temperature.repeat_interleave(W), uniform)   # (B*W,) each
+        stats = type(stats)(*(t.view(B, W) for t in stats))
+        x0 = stats.x0
+        order = None
         if any(r.p.remasking == "random" for r in self.rows):
-            uniform = torch.stack([
-                uniform_noise(x0.shape[1:], r.generator, self.device) if r.p.remasking == "random"
-                else torch.zeros(x0.shape[1:], dtype=torch.float64, device=self.device)
-                for r in self.rows]).float()                                        # (B, bl)
-        probs = logits.float().softmax(dim=-1)                                      # (B, bl, V)
+            order = torch.stack([
+                uniform_noise((W,), r.generator, self.device) if r.p.remasking == "random"
+                else torch.zeros(W, dtype=torch.float64, device=self.device)
+                for r in self.rows]).float()                                        # (B, W)
         conf = torch.zeros(x0.shape, dtype=torch.float32, device=self.device)
         for measure, rows_mask in self.groups["remasking"]:
-            conf = torch.where(rows_mask, measure(probs, x0, uniform).float(), conf)
+            conf = torch.where(rows_mask, measure(stats, order).float(), conf)
         if self.any_defer:
             is_stop = torch.isin(x0, self.stop_ids)
             conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)

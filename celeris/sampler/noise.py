@@ -1,7 +1,10 @@
-"""Logit processing before a token is chosen: filtering and Gumbel-max noise.
+"""Logit processing before a token is chosen: filtering, and the uniform draws behind the
+Gumbel-max noise (applied in celeris.kernels).
 
 Noise is drawn per request from its own ``torch.Generator`` so that a request's tokens do not
-depend on what else shares its batch.
+depend on what else shares its batch. Temperature works as in LLaDA (Nie et al. 2025, app.
+B.3): Gumbel noise in float64, since low-precision Gumbel noise lowers the effective
+temperature.
 """
 
 from __future__ import annotations
@@ -9,32 +12,18 @@ from __future__ import annotations
 import torch
 
 
-def gumbel_argmax(logits: torch.Tensor, temperature: torch.Tensor,
-                  generators: list[torch.Generator | None]) -> torch.Tensor:
-    """Sample x0 ~ softmax(logits / T) per row by the Gumbel-max trick.
-
-    logits (B, W, V); temperature (B,) float; generators[b] seeds row b.
-    Computed in float64 as in LLaDA's ``add_gumbel_noise``: exp(l) / (-log u)^T. The paper
-    (Nie et al. 2025, app. B.3) notes that low-precision Gumbel noise lowers the effective
-    temperature and hurts quality. Rows with T = 0 take the plain argmax.
-    """
-    x0 = logits.argmax(dim=-1)                                                   # (B, W)
-    hot = [b for b, g in enumerate(generators) if g is not None]
-    if not hot:
-        return x0
-    rows = torch.tensor(hot, device=logits.device)
-    sub = logits[rows].to(torch.float64)                                         # (b, W, V)
-    u = torch.stack([uniform_noise(sub.shape[1:], generators[b], logits.device) for b in hot])
-    t = temperature[rows].to(torch.float64)[:, None, None]
-    noisy = sub.exp() / (-torch.log(u)) ** t                                     # (b, W, V)
-    x0[rows] = noisy.argmax(dim=-1)
-    return x0
-
-
 def uniform_noise(shape: torch.Size, generator: torch.Generator, device: torch.device
                   ) -> torch.Tensor:
     """The per-request uniform draw that the Gumbel noise is made from (float64)."""
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
+
+
+def gumbel_uniforms(generators: list[torch.Generator | None], shape: tuple[int, int],
+                    device: torch.device) -> torch.Tensor:
+    """(B, W, V) float64: row b's draw from its generator, 0.5 where a row is greedy."""
+    return torch.stack([uniform_noise(shape, g, device) if g is not None
+                        else torch.full(shape, 0.5, dtype=torch.float64, device=device)
+                        for g in generators])
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor

@@ -30,41 +30,16 @@ def linear_schedule(masked: int, steps: int) -> list[int]:
 
 
 # ---------------------------------------------------------------- confidence measures
-class Confidence(Protocol):
-    needs_noise: bool
-
-    def __call__(self, probs: torch.Tensor, x0: torch.Tensor,
-                 uniform: torch.Tensor | None) -> torch.Tensor: ...
-
-
 @dataclass(frozen=True)
-class TopProbability:
-    """low_confidence remasking: p(x0), the probability of the chosen token (LLaDA;
-    Dream's maskgit_plus)."""
+class StatConfidence:
+    """A confidence read off the block statistics (celeris.kernels.BlockStats):
+    p_x0 = low_confidence (LLaDA; Dream's maskgit_plus), margin = top1 - top2 probability
+    (Dream's topk_margin), negentropy (Dream's entropy)."""
+    stat: str
     needs_noise: bool = False
 
-    def __call__(self, probs, x0, uniform):
-        return probs.gather(-1, x0[..., None]).squeeze(-1)                     # (B, W)
-
-
-@dataclass(frozen=True)
-class Margin:
-    """top1 - top2 probability (Dream's topk_margin)."""
-    needs_noise: bool = False
-
-    def __call__(self, probs, x0, uniform):
-        top2 = probs.topk(2, dim=-1).values                                     # (B, W, 2)
-        return top2[..., 0] - top2[..., 1]
-
-
-@dataclass(frozen=True)
-class NegEntropy:
-    """Negative entropy of the position's distribution (Dream's entropy order)."""
-    needs_noise: bool = False
-
-    def __call__(self, probs, x0, uniform):
-        logp = probs.clamp_min(1e-30).log()
-        return (probs * logp).sum(-1)
+    def __call__(self, stats, uniform: torch.Tensor | None) -> torch.Tensor:
+        return getattr(stats, self.stat)
 
 
 @dataclass(frozen=True)
@@ -72,12 +47,12 @@ class RandomOrder:
     """random remasking: a uniform draw per position (LLaDA; Dream's origin)."""
     needs_noise: bool = True
 
-    def __call__(self, probs, x0, uniform):
+    def __call__(self, stats, uniform: torch.Tensor | None) -> torch.Tensor:
         return uniform
 
 
-CONFIDENCES = {"low_confidence": TopProbability(), "margin": Margin(),
-               "entropy": NegEntropy(), "random": RandomOrder()}
+CONFIDENCES = {"low_confidence": StatConfidence("p_x0"), "margin": StatConfidence("margin"),
+               "entropy": StatConfidence("negentropy"), "random": RandomOrder()}
 
 
 # ---------------------------------------------------------------- unmask schedules

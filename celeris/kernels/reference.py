@@ -1,0 +1,49 @@
+"""Pure-torch reference twin of the block-statistics kernel (the obviously correct path).
+
+Given the logits of the active block, (N, V) with N = batch x block positions, return per row:
+
+- ``x0``:          the chosen token: argmax of the logits, or with temperature T > 0 the
+                   Gumbel-max sample argmax(l - T * log(-log u)) in float64 (LLaDA's
+                   exp(l) / (-log u)^T in the log domain, which cannot overflow);
+- ``p_x0``:        its probability under softmax(l) (low_confidence remasking);
+- ``margin``:      top-1 minus top-2 probability (Dream's topk_margin);
+- ``negentropy``:  sum p log p (Dream's entropy order; higher = surer).
+
+This materialises the (N, V) probabilities; the Triton kernel computes the same in one pass
+over the vocabulary without doing so.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class BlockStats(NamedTuple):
+    x0: torch.Tensor          # (N,) long
+    p_x0: torch.Tensor        # (N,) float32
+    margin: torch.Tensor      # (N,) float32
+    negentropy: torch.Tensor  # (N,) float32
+
+
+def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, uniform: torch.Tensor
+                  ) -> torch.Tensor:
+    """l - T log(-log u) in float64; rows with T = 0 keep their logits. (N, V)."""
+    t = temperature.to(torch.float64)[:, None]                                  # (N, 1)
+    noise = torch.log(-torch.log(uniform))                                      # (N, V)
+    scores = logits.to(torch.float64) - t * noise
+    return torch.where(t > 0, scores, logits.to(torch.float64))
+
+
+def block_stats_reference(logits: torch.Tensor, temperature: torch.Tensor | None = None,
+                          uniform: torch.Tensor | None = None) -> BlockStats:
+    probs = logits.float().softmax(dim=-1)                                      # (N, V)
+    if uniform is None or temperature is None:
+        x0 = logits.argmax(dim=-1)
+    else:
+        x0 = gumbel_scores(logits, temperature, uniform).argmax(dim=-1)         # (N,)
+    p_x0 = probs.gather(-1, x0[:, None]).squeeze(-1)
+    top2 = probs.topk(2, dim=-1).values                                         # (N, 2)
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    return BlockStats(x0, p_x0, top2[:, 0] - top2[:, 1], (probs * logp).sum(-1))
