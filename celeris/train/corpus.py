@@ -1,0 +1,549 @@
+"""Procedurally generated short English stories, plus the description of the training stream.
+
+Everything here is produced by our own generator (no downloaded text), deterministic from a seed,
+so the data and the model trained on it can be shipped under the project's licence.
+
+The story grammar uses a few hundred words (characters, places, objects, verbs, adjectives,
+feelings) and small plot arcs (finding something, meeting a friend, losing and finding, wanting
+and trying), 2-6 sentences a story, with several kinds of openings and endings.
+
+Held-out stories (for the masked-loss evaluation) are chosen by a stable hash of their text, as
+the task problems are, and the training stream never yields one of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from celeris.train import tasks as _tasks
+
+# --------------------------------------------------------------------------- vocabulary
+NAMES_SHE = ("Lily", "Sara", "Mia", "Anna", "Lucy", "Emma", "Zoe", "Rosa", "Bella", "Ruby",
+             "Ella", "Nina", "Daisy", "Molly", "Ivy", "Luna")
+NAMES_HE = ("Tom", "Max", "Ben", "Sam", "Leo", "Jack", "Tim", "Finn", "Oscar", "Pip",
+            "Toby", "Jake", "Milo", "Hugo", "Otto", "Bob")
+
+# kind -> fixed pronoun ("he"/"she") or None (either)
+PEOPLE = {"girl": "she", "boy": "he", "king": "he", "queen": "she", "princess": "she",
+          "prince": "he", "farmer": None, "baker": None, "teacher": None, "wizard": None,
+          "sailor": None, "knight": None, "old man": "he", "old woman": "she", "robot": None,
+          "doctor": None, "painter": None}
+ANIMALS = ("cat", "dog", "rabbit", "bird", "fox", "bear", "mouse", "frog", "duck", "owl",
+           "lion", "horse", "pig", "cow", "sheep", "turtle", "squirrel", "dragon", "fish",
+           "bee", "puppy", "kitten", "goat", "monkey", "elephant", "tiger", "deer", "hen")
+KINDS = tuple(PEOPLE) + ANIMALS
+
+ADJECTIVES = ("little", "big", "happy", "brave", "shy", "kind", "curious", "clever", "sleepy",
+              "friendly", "funny", "gentle", "tiny", "old", "young", "busy", "lazy", "quiet",
+              "proud", "silly", "smart", "strong", "fast", "grumpy", "cheerful", "lonely")
+COLORS = ("red", "blue", "green", "yellow", "white", "black", "brown", "pink", "purple",
+          "orange", "golden", "silver", "shiny")
+OBJECTS = ("ball", "kite", "box", "hat", "key", "book", "apple", "cake", "flower", "shell",
+           "stone", "map", "boat", "drum", "bell", "lamp", "coin", "ring", "toy", "blanket",
+           "basket", "cookie", "feather", "leaf", "umbrella", "sock", "bucket", "cup", "scarf",
+           "balloon", "car", "doll", "shoe", "egg", "carrot", "pumpkin", "letter", "crown")
+# groups of object traits; a description takes two traits from different groups
+OBJECT_TRAITS = (("small", "big", "tiny"), ("heavy", "light"), ("old", "new"),
+                 ("shiny", "pretty", "strange", "dirty"), ("soft", "smooth", "round", "warm",
+                                                           "cold"))
+PLACES = ("in the forest", "in a small village", "by the sea", "on a farm", "in the park",
+          "in a big city", "near a river", "in the garden", "on a hill", "in a castle",
+          "in the mountains", "near the school", "in a cozy house", "on an island",
+          "in the jungle", "in the desert", "by the lake", "in a green meadow", "in a tall tree",
+          "under a bridge", "in a busy town", "next to a pond", "in a quiet valley")
+FIND_SPOTS = ("under a tree", "near the river", "in the grass", "behind the door", "in the sand",
+              "under the bed", "in a hole", "by the road", "on the path", "in the snow",
+              "next to a rock", "in an old box", "on the beach", "in the mud")
+ACTIVITIES = ("play", "sing", "dance", "run", "jump", "swim", "read", "draw", "climb trees",
+              "play outside", "look at the stars", "bake cakes", "build things", "explore",
+              "help others", "pick flowers", "tell jokes", "fly kites", "go on adventures",
+              "sleep in the sun", "paint pictures", "ride a bike", "count the clouds")
+ACTIVITIES_PAST = {"play": "played", "sing": "sang", "dance": "danced", "run": "ran",
+                   "jump": "jumped", "swim": "swam", "read": "read", "draw": "drew",
+                   "climb trees": "climbed trees", "play outside": "played outside",
+                   "look at the stars": "looked at the stars", "bake cakes": "baked cakes",
+                   "build things": "built things", "explore": "explored",
+                   "help others": "helped others", "pick flowers": "picked flowers",
+                   "tell jokes": "told jokes", "fly kites": "flew kites",
+                   "go on adventures": "went on adventures",
+                   "sleep in the sun": "slept in the sun", "paint pictures": "painted pictures",
+                   "ride a bike": "rode a bike", "count the clouds": "counted the clouds"}
+GOALS = ("climb the big hill", "cross the river", "reach the top of the tree", "fly",
+         "swim across the lake", "find the lost key", "catch a star", "win the race",
+         "build a tall tower", "learn to read", "see the sea", "bake a big cake")
+FEELINGS = ("happy", "sad", "scared", "excited", "surprised", "tired", "angry", "proud",
+            "worried", "lonely", "glad", "curious", "hungry", "sleepy")
+GOOD_FEELINGS = ("happy", "glad", "proud", "excited")
+TIMES = ("morning", "afternoon", "evening", "night", "day")
+WEATHER = ("The sun was shining and the sky was blue.", "It was a cold and windy day.",
+           "It began to rain.", "The wind was blowing hard.", "Snow was falling softly.",
+           "The birds were singing in the trees.", "It was a warm summer day.",
+           "The moon was big and bright.", "Dark clouds filled the sky.")
+LESSONS = ("it is good to share", "friends help each other", "it is good to be brave",
+           "it is fun to try new things", "being kind is important",
+           "you should never give up", "it is nice to say thank you",
+           "it is good to listen")
+
+
+def article(word: str) -> str:
+    """'a' or 'an' + word."""
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def _cap(s: str) -> str:
+    return s[:1].upper() + s[1:]
+
+
+# --------------------------------------------------------------------------- characters
+@dataclass
+class Character:
+    kind: str
+    adj: str
+    pron: str                   # "he" / "she"
+    name: str | None = None
+    mentioned: bool = False
+
+    @property
+    def obj(self) -> str:
+        return "him" if self.pron == "he" else "her"
+
+    @property
+    def poss(self) -> str:
+        return "his" if self.pron == "he" else "her"
+
+    def intro(self, rng: random.Random) -> str:
+        """First mention: 'a brave fox named Tom' / 'a little girl'."""
+        self.mentioned = True
+        base = article(f"{self.adj} {self.kind}")
+        if self.name:
+            return f"{base} {rng.choice(('named', 'called'))} {self.name}"
+        return base
+
+    def ref(self, rng: random.Random, pronoun_ok: bool = True) -> str:
+        """Later mention: name, 'the fox' or the pronoun."""
+        options = [self.name] * 2 if self.name else [f"the {self.kind}", f"the {self.adj} {self.kind}"]
+        if pronoun_ok:
+            options.append(self.pron)
+        return rng.choice(options)
+
+    def full(self) -> str:
+        return self.name or f"the {self.kind}"
+
+
+def make_character(rng: random.Random, kind: str | None = None, adj: str | None = None,
+                   name: str | None = None, named: bool | None = None,
+                   avoid: Character | None = None) -> Character:
+    while True:
+        k = kind or rng.choice(KINDS)
+        pron = PEOPLE.get(k) or rng.choice(("he", "she"))
+        if name is not None:
+            pron = "she" if name in NAMES_SHE else "he"
+        n = name
+        if n is None and (named if named is not None else rng.random() < 0.7):
+            n = rng.choice(NAMES_HE if pron == "he" else NAMES_SHE)
+        c = Character(kind=k, adj=adj or rng.choice(ADJECTIVES), pron=pron, name=n)
+        if avoid is None or (c.name != avoid.name or c.name is None) and c.kind != avoid.kind:
+            return c
+        kind = None if kind == avoid.kind else kind
+
+
+# --------------------------------------------------------------------------- story grammar
+@dataclass
+class _Story:
+    rng: random.Random
+    hero: Character
+    place: str
+    obj: str | None = None
+    friend: Character | None = None
+    sentences: list[str] = field(default_factory=list)
+    obj_used: bool = False       # the story's object has been mentioned
+    said_one_day: bool = False
+
+    def one_day(self) -> str:
+        """'one day' once per story, then other time phrases."""
+        if not self.said_one_day:
+            self.said_one_day = True
+            return "one day"
+        return self.rng.choice(("later", "the next day", "after that", "one morning", "soon"))
+
+    def new_obj(self) -> str:
+        """The object for a find/lose arc: the constrained one first, then fresh ones."""
+        if self.obj is None or self.obj_used:
+            choices = [o for o in OBJECTS if o != self.obj]
+            self.obj = self.rng.choice(choices)
+        self.obj_used = True
+        return self.obj
+
+    def say(self, s: str) -> None:
+        self.sentences.append(_cap(s))
+
+    def hero_ref(self) -> str:
+        return self.hero.ref(self.rng, pronoun_ok=bool(self.sentences))
+
+
+def _opening(st: _Story) -> None:
+    rng, h = st.rng, st.hero
+    form = rng.randrange(7)
+    if form == 0:
+        st.say(f"once upon a time, there was {h.intro(rng)}.")
+    elif form == 1:
+        st.say(f"once upon a time, {st.place}, there lived {h.intro(rng)}.")
+    elif form == 2:
+        st.say(f"{st.one_day()}, {h.intro(rng)} went for a walk {st.place}.")
+    elif form == 3:
+        st.say(f"long ago, {h.intro(rng)} lived {st.place}.")
+    elif form == 4:
+        act = rng.choice(ACTIVITIES)
+        st.say(f"there was once {h.intro(rng)} who loved to {act}.")
+    elif form == 5 and h.name:
+        h.mentioned = True
+        st.say(f"{h.name} was {article(h.adj + ' ' + h.kind)} who lived {st.place}.")
+    else:
+        st.say(f"it was a {rng.choice(('quiet', 'sunny', 'rainy', 'cold', 'warm', 'busy'))} "
+               f"{rng.choice(TIMES)} {st.place}, and {h.intro(rng)} was outside.")
+
+
+def _arc_activity(st: _Story) -> int:
+    rng = st.rng
+    act = rng.choice(ACTIVITIES)
+    form = rng.randrange(3)
+    if form == 0:
+        st.say(f"{st.hero_ref()} liked to {act} every day.")
+    elif form == 1:
+        st.say(f"every {rng.choice(TIMES)}, {st.hero_ref()} {ACTIVITIES_PAST[act]} {st.place}.")
+    else:
+        st.say(f"{st.hero_ref()} {ACTIVITIES_PAST[act]} and felt {rng.choice(GOOD_FEELINGS)}.")
+    return 1
+
+
+def _arc_weather(st: _Story) -> int:
+    if any(w in st.sentences for w in WEATHER):   # one weather sentence a story
+        return _arc_feeling(st)
+    st.say(st.rng.choice(WEATHER))
+    return 1
+
+
+def _arc_feeling(st: _Story) -> int:
+    rng = st.rng
+    feel = rng.choice(FEELINGS)
+    st.say(rng.choice((f"{st.hero_ref()} felt {feel}.",
+                       f"{st.hero_ref()} was very {feel} that day.",
+                       f"that {rng.choice(TIMES)}, {st.hero.full()} felt a little {feel}.")))
+    return 1
+
+
+def _arc_find(st: _Story, room: int) -> int:
+    rng = st.rng
+    obj = st.new_obj()
+    color = rng.choice(COLORS)
+    st.say(f"{st.one_day()}, {st.hero_ref()} found {article(color + ' ' + obj)} "
+           f"{rng.choice(FIND_SPOTS)}.")
+    n = 1
+    if room > n:
+        g1, g2 = rng.sample(OBJECT_TRAITS, 2)
+        st.say(f"the {obj} was {rng.choice(g1)} and {rng.choice(g2)}.")
+        n += 1
+    if room > n:
+        st.say(rng.choice((f"{st.hero.full()} took the {obj} home.",
+                           f"{st.hero_ref()} showed the {obj} to everyone.",
+                           f"{st.hero_ref()} decided to keep it.")))
+        n += 1
+    return n
+
+
+def _arc_meet(st: _Story, room: int) -> int:
+    rng = st.rng
+    if st.friend is None:
+        st.friend = make_character(rng, avoid=st.hero)
+        st.say(f"{st.hero_ref()} met {st.friend.intro(rng)}.")
+    else:
+        st.say(f"{st.hero_ref()} went to see {st.friend.full()}.")
+    f = st.friend
+    n = 1
+    if room > n:
+        if rng.random() < 0.5:
+            st.say(rng.choice((f'"Hello," said {f.full()}. "Do you want to play with me?"',
+                               f'"Will you be my friend?" asked {st.hero.full()}.',
+                               f'"Let\'s play together!" said {f.full()}.')))
+        else:
+            act = rng.choice(ACTIVITIES)
+            st.say(f"{st.hero.full()} and {f.full()} liked to {act} together.")
+        n += 1
+    if room > n:
+        st.say(rng.choice(("they played all day long.", "they laughed and had fun.",
+                           f"{st.hero.full()} said yes, and they became friends.",
+                           "soon they were good friends.")))
+        n += 1
+    return n
+
+
+def _arc_lose(st: _Story, room: int) -> int:
+    rng = st.rng
+    obj = st.new_obj()
+    h = st.hero
+    if room == 1:
+        st.say(f"{st.one_day()}, {h.full()} lost {h.poss} {obj}, but {h.pron} found it again "
+               f"{rng.choice(FIND_SPOTS)}.")
+        return 1
+    st.say(rng.choice((f"suddenly, {h.full()} lost {h.poss} {obj}.",
+                       f"{st.one_day()}, {h.full()} could not find {h.poss} {obj}.")))
+    if room == 2:
+        st.say(f"{h.pron} looked everywhere, and at last {h.pron} found it "
+               f"{rng.choice(FIND_SPOTS)}.")
+        return 2
+    st.say(f"{h.pron} looked everywhere and felt {rng.choice(('sad', 'worried', 'upset'))}.")
+    n = 2
+    if room > n:
+        helper = st.friend.full() if st.friend else f"a kind {rng.choice(ANIMALS)}"
+        st.say(f"then {helper} helped {h.obj} find it {rng.choice(FIND_SPOTS)}.")
+        n += 1
+    return n
+
+
+def _arc_goal(st: _Story, room: int) -> int:
+    rng = st.rng
+    h = st.hero
+    goal = rng.choice(GOALS)
+    st.say(f"{h.full()} wanted to {goal}, but {h.pron} was "
+           f"{rng.choice(('too small', 'afraid', 'too tired', 'not sure how'))}.")
+    n = 1
+    if room > n:
+        st.say(rng.choice((f"{h.pron} tried again and again.",
+                           f"{h.pron} did not give up.",
+                           f"{st.friend.full() if st.friend else 'a wise owl'} said, \"You can do it!\"")))
+        n += 1
+    if room > n:
+        st.say(f"at last, {h.pron} did it, and {h.pron} was very {rng.choice(GOOD_FEELINGS)}.")
+        n += 1
+    return n
+
+
+def _ending(st: _Story) -> None:
+    rng, h = st.rng, st.hero
+    options = [f"in the end, {h.full()} was very {rng.choice(GOOD_FEELINGS)}.",
+               f"{h.full()} smiled and went to sleep.",
+               f"that night, {h.full()} had sweet dreams.",
+               f"{h.full()} learned that {rng.choice(LESSONS)}.",
+               f"it was the best day ever for {h.full()}."]
+    if st.friend:
+        options += [f"from that day on, {h.full()} and {st.friend.full()} were best friends.",
+                    "and they all lived happily ever after."]
+    if st.obj_used:
+        options += [f"{h.full()} kept the {st.obj} forever.",
+                    f"{h.full()} was happy to have the {st.obj}."]
+    st.say(rng.choice(options))
+
+
+def story(rng: random.Random, *, kind: str | None = None, name: str | None = None,
+          adj: str | None = None, place: str | None = None, obj: str | None = None,
+          sentences: int | None = None) -> str:
+    """One story of 2-6 sentences; optional constraints pick the hero, place or object."""
+    hero = make_character(rng, kind=kind, adj=adj, name=name)
+    st = _Story(rng=rng, hero=hero, place=place or rng.choice(PLACES), obj=obj)
+    target = sentences or rng.randint(2, 6)
+    _opening(st)
+    room = target - 2          # sentences between the opening and the ending
+    while room > 0:
+        r = rng.random()
+        if obj is not None and st.sentences and len(st.sentences) == 1:
+            r = 0.30 if rng.random() < 0.5 else 0.70   # make sure the object appears
+        if r < 0.15:
+            used = _arc_activity(st)
+        elif r < 0.22:
+            used = _arc_weather(st)
+        elif r < 0.30:
+            used = _arc_feeling(st)
+        elif r < 0.50:
+            used = _arc_find(st, room)
+        elif r < 0.70:
+            used = _arc_meet(st, room)
+        elif r < 0.85:
+            used = _arc_lose(st, room)
+        else:
+            used = _arc_goal(st, room)
+        room -= used
+    _ending(st)
+    return " ".join(st.sentences)
+
+
+# --------------------------------------------------------------------------- splits
+STORY_EVAL_BUCKETS = 20
+STORY_EVAL_SEED = 4321
+
+
+def story_split(text: str) -> str:
+    """'eval' or 'train' for a story, by a stable hash of its text."""
+    d = hashlib.sha256(("story:" + text).encode("utf-8")).digest()
+    return "eval" if int.from_bytes(d[:8], "big") % STORY_EVAL_BUCKETS == 0 else "train"
+
+
+def random_story(rng: random.Random, split: str = "train", **constraints) -> str:
+    while True:
+        s = story(rng, **constraints)
+        if story_split(s) == split:
+            return s
+
+
+def stories(n: int, seed: int = 0, split: str = "train") -> list[str]:
+    """``n`` stories of a split, deterministic for ``seed``."""
+    rng = random.Random(f"celeris-story:{seed}:{split}")
+    return [random_story(rng, split) for _ in range(n)]
+
+
+def heldout_stories(n: int = 200, seed: int = STORY_EVAL_SEED) -> list[str]:
+    """The fixed held-out stories used for the masked-loss evaluation."""
+    rng = random.Random(f"celeris-story:{seed}:eval")
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < n:
+        s = random_story(rng, "eval")
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+# --------------------------------------------------------------------------- story requests
+REQUEST_FORMS = ("Tell me a story about {a_kind}.", "Write a short story about {a_kind}.",
+                 "Can you tell me a story about {a_adj_kind}?", "Tell me a story about {name}.",
+                 "Write a story about {name} the {kind}.", "Tell me a story that happens {place}.",
+                 "Tell me a story about {a_kind} and {a_obj}.", "Tell me a story.",
+                 "Write a story with {a_obj} in it.", "Please tell me a short story.")
+
+
+def story_request(rng: random.Random, split: str = "train") -> tuple[str, str]:
+    """A chat request for a story and a story that satisfies it: (user text, story)."""
+    form = rng.choice(REQUEST_FORMS)
+    kind = rng.choice(KINDS)
+    adj = rng.choice(ADJECTIVES)
+    obj = rng.choice(OBJECTS)
+    place = rng.choice(PLACES)
+    pron = PEOPLE.get(kind) or rng.choice(("he", "she"))
+    name = rng.choice(NAMES_HE if pron == "he" else NAMES_SHE)
+    cons: dict = {}
+    if "{a_kind}" in form or "{kind}" in form:
+        cons["kind"] = kind
+    if "{a_adj_kind}" in form:
+        cons.update(kind=kind, adj=adj)
+    if "{name}" in form:
+        cons["name"] = name
+        if "{kind}" in form:
+            cons["kind"] = kind
+    if "{place}" in form:
+        cons["place"] = place
+    if "{a_obj}" in form:
+        cons["obj"] = obj
+        cons.setdefault("sentences", rng.randint(3, 6))
+    text = form.format(a_kind=article(kind), a_adj_kind=article(f"{adj} {kind}"), name=name,
+                       kind=kind, place=place, a_obj=article(obj))
+    return text, random_story(rng, split, **cons)
+
+
+# --------------------------------------------------------------------------- the stream
+@dataclass(frozen=True)
+class Mix:
+    """What the training stream is made of (weights are per batch: a batch is one source).
+
+    story:   plain stories (pre-training style; all positions maskable).
+    task:    chat examples of the checkable tasks (SFT; only the answer canvas is maskable).
+    request: chat story requests ("Tell me a story about a cat.") answered with a story.
+    """
+
+    story: float = 0.25
+    task: float = 0.60
+    request: float = 0.15
+    task_weights: tuple[tuple[str, float], ...] = (("copy", 1.0), ("reverse", 1.0),
+                                                   ("sort", 1.5), ("add", 1.5), ("max", 0.75),
+                                                   ("count", 0.5))
+
+    def sources(self) -> tuple[tuple[str, float], ...]:
+        return (("story", self.story), ("task", self.task), ("request", self.request))
+
+    def to_dict(self) -> dict:
+        return {"story": self.story, "task": self.task, "request": self.request,
+                "task_weights": dict(self.task_weights)}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One training document.
+
+    source "story": ``text`` only. Sources "task"/"request": ``messages`` (the user turn, never
+    masked) and ``answer`` (the reply, the maskable canvas).
+    """
+
+    source: str
+    text: str = ""
+    messages: tuple[tuple[str, str], ...] = ()
+    answer: str = ""
+
+    def chat(self) -> list[dict[str, str]]:
+        return [{"role": r, "content": c} for r, c in self.messages]
+
+
+class Stream:
+    """The infinite, seeded training stream; ``state()``/``set_state()`` make it resumable."""
+
+    def __init__(self, seed: int = 0, mix: Mix | None = None) -> None:
+        self.mix = mix or Mix()
+        self.rng = random.Random(f"celeris-stream:{seed}")
+
+    def state(self):
+        return self.rng.getstate()
+
+    def set_state(self, state) -> None:
+        self.rng.setstate(state)
+
+    def pick_source(self) -> str:
+        names, weights = zip(*self.mix.sources())
+        return self.rng.choices(names, weights)[0]
+
+    def item(self, source: str) -> Item:
+        rng = self.rng
+        if source == "story":
+            return Item("story", text=random_story(rng))
+        if source == "task":
+            names, weights = zip(*self.mix.task_weights)
+            ex = _tasks.random_example(rng.choices(names, weights)[0], rng, "train")
+            return Item("task", messages=(("user", ex.prompt),), answer=ex.answer)
+        if source == "request":
+            q, s = story_request(rng)
+            return Item("request", messages=(("user", q),), answer=s)
+        raise ValueError(f"unknown source {source!r}")
+
+    def __iter__(self) -> Iterator[Item]:
+        while True:
+            yield self.item(self.pick_source())
+
+
+def tokenizer_corpus(n: int = 20000, seed: int = 0, mix: Mix | None = None) -> list[str]:
+    """Texts to train the BPE on: a sample of the stream (stories, task prompts and answers,
+    story requests), in the proportions of ``mix``."""
+    stream = Stream(seed=seed + 7919, mix=mix)
+    out: list[str] = []
+    for _ in range(n):
+        it = stream.item(stream.pick_source())
+        if it.source == "story":
+            out.append(it.text)
+        else:
+            out.extend(c for _, c in it.messages)
+            out.append(it.answer)
+    return out
+
+
+def describe(mix: Mix | None = None) -> dict:
+    """A JSON-able description of the training stream (for the train log and model card)."""
+    mix = mix or Mix()
+    return {
+        "sources": mix.to_dict(),
+        "story_grammar": {"kinds": len(KINDS), "names": len(NAMES_HE) + len(NAMES_SHE),
+                          "adjectives": len(ADJECTIVES), "objects": len(OBJECTS),
+                          "places": len(PLACES), "activities": len(ACTIVITIES),
+                          "sentences": [2, 6], "eval_fraction": 1 / STORY_EVAL_BUCKETS},
+        "tasks": list(_tasks.TASKS),
+        "task_eval_fraction": 1 / _tasks.EVAL_BUCKETS,
+        "licence": "generated by celeris.train.corpus (project licence); no third-party text",
+    }

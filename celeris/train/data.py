@@ -1,0 +1,142 @@
+"""Tokenised, length-bucketed training batches from the seeded stream.
+
+A batch holds one source (stories, task chats, or story requests) and one length, so no
+compute is spent on padding beyond the chat prompts' left padding:
+
+* story batches: ``<|bos|>`` + story + ``<|eos|>`` padding up to the bucket length; every
+  position but the BOS is maskable. With probability ``prefix_prob`` a random prefix is kept
+  unmasked, which teaches completion of a given beginning.
+* chat batches (tasks, story requests): left-padded chat-templated prompt (never maskable) +
+  answer + ``<|eot|>`` + ``<|eos|>`` padding up to the canvas length, drawn per batch from
+  buckets (16/32/64/128/256, most mass on short ones) so that the model learns to end the answer
+  and fill the rest with EOS for any canvas length up to 256.
+
+``labels`` carries the autoregressive twin's targets on the same tokens the diffusion model
+learns (the whole story with its first EOS; the answer and its EoT), -100 elsewhere.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from celeris.train.corpus import Item, Stream
+from celeris.train.tokenizer_train import SPECIAL_IDS, render_chat
+
+IGNORE = -100
+
+STORY_BUCKETS = ((64, 0.45), (128, 0.40), (256, 0.15))
+TASK_BUCKETS = ((16, 0.25), (32, 0.45), (64, 0.15), (128, 0.08), (256, 0.07))
+REQUEST_BUCKETS = ((64, 0.30), (128, 0.45), (256, 0.25))
+PROMPT_ESTIMATE = {"task": 22, "request": 16}   # mean prompt tokens, for the rows per batch
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor              # (B, L) clean tokens
+    attention_mask: torch.Tensor | None  # (B, L) 1 = real; None when nothing is padded
+    maskable: torch.Tensor               # (B, L) bool: positions the diffusion loss may mask
+    labels: torch.Tensor                 # (B, L) AR targets (token id) or -100
+    source: str
+    length: int                          # bucket length (story) or canvas length (chat)
+
+    @property
+    def real_tokens(self) -> int:
+        if self.attention_mask is None:
+            return self.input_ids.numel()
+        return int(self.attention_mask.sum())
+
+
+class Batcher:
+    """Draws batches from a ``Stream``; all randomness comes from the stream's RNG."""
+
+    def __init__(self, tokenizer, stream: Stream, tokens_per_batch: int = 4096,
+                 prefix_prob: float = 0.25, story_buckets=STORY_BUCKETS,
+                 task_buckets=TASK_BUCKETS, request_buckets=REQUEST_BUCKETS) -> None:
+        self.tok = tokenizer
+        self.stream = stream
+        self.tokens_per_batch = tokens_per_batch
+        self.prefix_prob = prefix_prob
+        self.buckets = {"story": tuple(story_buckets), "task": tuple(task_buckets),
+                        "request": tuple(request_buckets)}
+        self.pad, self.bos, self.eos, self.eot = (SPECIAL_IDS["pad"], SPECIAL_IDS["bos"],
+                                                  SPECIAL_IDS["eos"], SPECIAL_IDS["eot"])
+
+    @property
+    def rng(self) -> random.Random:
+        return self.stream.rng
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def _bucket(self, source: str) -> int:
+        lengths, weights = zip(*self.buckets[source])
+        return self.rng.choices(lengths, weights)[0]
+
+    def next(self) -> Batch:
+        source = self.stream.pick_source()
+        if source == "story":
+            return self.story_batch(self._bucket("story"))
+        return self.chat_batch(source, self._bucket(source))
+
+    # ------------------------------------------------------------------ stories
+    def story_batch(self, length: int) -> Batch:
+        rows = max(1, self.tokens_per_batch // length)
+        ids = torch.full((rows, length), self.eos, dtype=torch.long)
+        maskable = torch.ones((rows, length), dtype=torch.bool)
+        labels = torch.full((rows, length), IGNORE, dtype=torch.long)
+        for r in range(rows):
+            toks = None
+            for _ in range(64):
+                cand = [self.bos] + self.encode(self.stream.item("story").text)
+                if len(cand) < length:           # room for at least one EOS
+                    toks = cand
+                    break
+            if toks is None:                     # give up: a truncated story (no EOS)
+                toks = cand[:length]
+            n = len(toks)
+            ids[r, :n] = torch.tensor(toks)
+            keep = 1                             # BOS is never masked
+            if self.rng.random() < self.prefix_prob and n > 2:
+                keep = self.rng.randint(2, n - 1)
+            maskable[r, :keep] = False
+            end = min(n + 1, length)             # the story and its first EOS
+            labels[r, 1:end] = ids[r, 1:end]
+        return Batch(ids, None, maskable, labels, "story", length)
+
+    # ------------------------------------------------------------------ chats
+    def chat_example(self, source: str, canvas: int) -> tuple[list[int], list[int]]:
+        """(prompt ids, answer ids + EoT) of one item whose answer fits ``canvas``."""
+        while True:
+            item: Item = self.stream.item(source)
+            answer = self.encode(item.answer) + [self.eot]
+            if len(answer) <= canvas:
+                return self.encode(render_chat(item.chat(), add_generation_prompt=True)), answer
+
+    def chat_batch(self, source: str, canvas: int) -> Batch:
+        rows = max(1, self.tokens_per_batch // (canvas + PROMPT_ESTIMATE[source]))
+        pairs = [self.chat_example(source, canvas) for _ in range(rows)]
+        plen = max(len(p) for p, _ in pairs)
+        L = plen + canvas
+        ids = torch.full((rows, L), self.eos, dtype=torch.long)
+        attn = torch.ones((rows, L), dtype=torch.long)
+        maskable = torch.zeros((rows, L), dtype=torch.bool)
+        labels = torch.full((rows, L), IGNORE, dtype=torch.long)
+        for r, (p, a) in enumerate(pairs):
+            off = plen - len(p)
+            ids[r, :off] = self.pad
+            attn[r, :off] = 0
+            ids[r, off:plen] = torch.tensor(p)
+            ids[r, plen:plen + len(a)] = torch.tensor(a)
+            maskable[r, plen:] = True
+            labels[r, plen:plen + len(a)] = ids[r, plen:plen + len(a)]
+        return Batch(ids, None if bool(attn.all()) else attn, maskable, labels, source, canvas)
+
+
+def positions(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids counted from each row's first real token (left padding)."""
+    if attention_mask is None:
+        return torch.arange(input_ids.shape[1]).expand_as(input_ids)
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

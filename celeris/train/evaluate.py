@@ -1,0 +1,172 @@
+"""Score a model on the checkable tasks (exact match on the fixed held-out sets) and, for the
+diffusion model, the masked-token cross-entropy on held-out stories.
+
+    evaluate("models/celeris-tiny")                          # Engine, chat prompts, batched
+    evaluate("models/celeris-tiny-ar", kind="ar")            # transformers generate, greedy
+    evaluate(overrides={"gen_length": 256, "block_length": 32, "steps": 256}, limit=20)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from celeris.train import tasks as _tasks
+from celeris.train import corpus as _corpus
+from celeris.train import objective
+
+DEFAULT_MODELS = {"diffusion": Path("models/celeris-tiny"), "ar": Path("models/celeris-tiny-ar")}
+CHUNK = 32
+N_SAMPLES_PER_TASK = 2
+HELDOUT_STORIES = 200
+AR_DEFAULT_NEW_TOKENS = 64
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _task_sets(limit: int | None) -> dict[str, list[_tasks.Example]]:
+    n = _tasks.EVAL_N if limit is None else limit
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    return {t: _tasks.eval_examples(t, n) for t in _tasks.TASKS}
+
+
+def _report(model: str, kind: str, params: dict[str, Any], preds: dict[str, list[str]],
+            sets: dict[str, list[_tasks.Example]], started: float,
+            extra: dict[str, Any]) -> dict[str, Any]:
+    acc: dict[str, float] = {}
+    samples = []
+    for task, examples in sets.items():
+        ok = [_tasks.score(task, p, ex.answer) for p, ex in zip(preds[task], examples)]
+        acc[task] = sum(ok) / len(ok)
+        for p, ex, good in list(zip(preds[task], examples, ok))[:N_SAMPLES_PER_TASK]:
+            samples.append({"task": task, "prompt": ex.prompt, "prediction": p,
+                            "answer": ex.answer, "correct": good})
+    report = {"model": model, "kind": kind, "params": params, "tasks": acc,
+              "mean_accuracy": sum(acc.values()) / len(acc),
+              "masked_loss": None, "n_per_task": len(next(iter(sets.values()))),
+              "elapsed_s": 0.0, "samples": samples}
+    report.update(extra)
+    report["elapsed_s"] = round(time.time() - started, 2)
+    return report
+
+
+def _story_ids(encode, bos: int | None, eos: int) -> list[list[int]]:
+    pre = [] if bos is None else [bos]
+    return [pre + encode(s) + [eos] for s in _corpus.heldout_stories(HELDOUT_STORIES)]
+
+
+# ----------------------------------------------------------------------------- diffusion
+def _eval_diffusion(model, overrides, sets, device, started) -> dict[str, Any]:
+    from celeris import Engine, GenerationParams
+
+    engine = model if isinstance(model, Engine) else Engine.from_pretrained(
+        str(model), device=device)
+    name = str(getattr(engine, "model_dir", model))
+    params = GenerationParams.from_dict(dict(overrides or {}), base=engine.default_params())
+    preds: dict[str, list[str]] = {}
+    nfe, gen_tokens, finish = 0, 0, {}
+    t_gen = time.time()
+    for task, examples in sets.items():
+        out: list[str] = []
+        for i in range(0, len(examples), CHUNK):
+            chunk = examples[i:i + CHUNK]
+            for r in engine.generate_batch([ex.messages() for ex in chunk], params):
+                out.append(r.text)
+                nfe += r.nfe
+                gen_tokens += len(r.token_ids)
+                key = str(r.finish_reason)
+                finish[key] = finish.get(key, 0) + 1
+        preds[task] = out
+    gen_s = time.time() - t_gen
+    n = sum(len(v) for v in sets.values())
+    extra: dict[str, Any] = {"nfe_mean": nfe / n, "generated_tokens": gen_tokens,
+                             "generation_s": round(gen_s, 2), "finish_reasons": finish}
+    model_obj = engine.model
+    if getattr(model_obj.config, "model_type", None) == "celeris":
+        hf = engine.tokenizer.hf
+        seqs = _story_ids(lambda s: list(hf(s, add_special_tokens=False)["input_ids"]),
+                          hf.bos_token_id, engine.tokenizer.special.eos)
+        ml = objective.masked_eval_loss(
+            model_obj, seqs, engine.tokenizer.special.mask, engine.tokenizer.special.pad,
+            device=str(engine.device), skip_first=0 if hf.bos_token_id is None else 1,
+            autocast=next(model_obj.parameters()).dtype == torch.float32)
+        extra["masked_loss"] = ml["masked_loss"]
+        extra["masked_loss_by_ratio"] = ml["by_ratio"]
+    return _report(name, "diffusion", params.to_dict(), preds, sets, started, extra)
+
+
+# ----------------------------------------------------------------------------- AR twin
+def _eval_ar(model, overrides, sets, device, started) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    overrides = dict(overrides or {})
+    max_new = int(overrides.get("gen_length", AR_DEFAULT_NEW_TOKENS))
+    tok = AutoTokenizer.from_pretrained(str(model))
+    tok.padding_side = "left"
+    lm = AutoModelForCausalLM.from_pretrained(str(model)).to(device).eval()
+    eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<|eot|>")]
+    stop = set(eos)
+    preds: dict[str, list[str]] = {}
+    gen_tokens = 0
+    t_gen = time.time()
+    for task, examples in sets.items():
+        out: list[str] = []
+        for i in range(0, len(examples), CHUNK):
+            chunk = examples[i:i + CHUNK]
+            texts = [tok.apply_chat_template(ex.messages(), add_generation_prompt=True,
+                                             tokenize=False) for ex in chunk]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(device) for k, v in enc.items()}
+            with torch.inference_mode():
+                gen = lm.generate(**enc, max_new_tokens=max_new, do_sample=False,
+                                  eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                                  use_cache=True)
+            for row in gen[:, enc["input_ids"].shape[1]:].tolist():
+                ids = []
+                for t in row:
+                    if t in stop:
+                        break
+                    ids.append(t)
+                gen_tokens += len(ids)
+                out.append(tok.decode(ids, skip_special_tokens=True))
+        preds[task] = out
+    gen_s = time.time() - t_gen
+    seqs = _story_ids(lambda s: list(tok(s, add_special_tokens=False)["input_ids"]),
+                      tok.bos_token_id, tok.eos_token_id)
+    ar = objective.ar_eval_loss(lm, seqs, tok.pad_token_id, device=device, autocast=False)
+    params = {"max_new_tokens": max_new, "decoding": "greedy", "kv_cache": True}
+    extra = {"ar_loss": ar["ar_loss"], "generated_tokens": gen_tokens,
+             "generation_s": round(gen_s, 2)}
+    return _report(str(model), "ar", params, preds, sets, started, extra)
+
+
+def evaluate(model: Any = None, *, kind: str = "diffusion",
+             overrides: dict[str, Any] | None = None, limit: int | None = None,
+             device: str = "cpu") -> dict[str, Any]:
+    """Exact-match accuracy per task on the held-out eval sets (+ masked loss for diffusion).
+
+    model:     a model directory (default: models/celeris-tiny, or models/celeris-tiny-ar for
+               kind="ar"); for kind="diffusion" also an ``Engine``.
+    overrides: GenerationParams fields applied over the model's defaults (AR: only gen_length,
+               used as max_new_tokens; decoding is greedy with the KV cache).
+    limit:     problems per task (default 100, the full fixed eval set).
+    """
+    if kind not in DEFAULT_MODELS:
+        raise ValueError(f"kind must be one of {', '.join(DEFAULT_MODELS)}; got {kind!r}")
+    started = time.time()
+    model = DEFAULT_MODELS[kind] if model is None else model
+    if not hasattr(model, "generate_batch") and not (Path(model) / "config.json").is_file():
+        raise FileNotFoundError(f"no model at {model} (config.json missing)")
+    device = _resolve_device(device)
+    sets = _task_sets(limit)
+    if kind == "diffusion":
+        return _eval_diffusion(model, overrides, sets, device, started)
+    return _eval_ar(model, overrides, sets, device, started)

@@ -1,0 +1,126 @@
+"""The masked-diffusion training objective (LLaDA) and the held-out masked loss.
+
+Forward process: per sequence t ~ U(eps, 1); every *maskable* token is replaced by the mask id
+with probability t. Loss (LLaDA eq. 3 / SFT eq. 5): cross-entropy on the masked positions,
+weighted by 1/t, divided by the number of maskable tokens of the sequence, averaged over the
+batch. Positions that are not maskable (chat prompts, left padding, a kept story prefix) are
+never masked and never scored.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+EPS = 1e-3
+
+
+def mask_batch(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int,
+               generator: torch.Generator, eps: float = EPS
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Apply the forward process. Returns (noisy ids, masked (B, L) bool, t (B,)).
+
+    Every row with at least one maskable position gets at least one masked position (the
+    maskable position with the smallest uniform draw), so no row is silently skipped.
+    """
+    B, L = input_ids.shape
+    t = torch.rand(B, generator=generator) * (1.0 - eps) + eps                  # (B,)
+    u = torch.rand(B, L, generator=generator)                                   # (B, L)
+    masked = (u < t[:, None]) & maskable
+    empty = ~masked.any(dim=1) & maskable.any(dim=1)
+    if bool(empty.any()):
+        first = torch.where(maskable, u, torch.full_like(u, 2.0)).argmin(dim=1)   # (B,)
+        fix = torch.zeros_like(masked)
+        fix[torch.arange(B), first] = True
+        masked = masked | (fix & empty[:, None])
+    noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
+    return noisy, masked, t
+
+
+def diffusion_loss(logits: torch.Tensor, input_ids: torch.Tensor, masked: torch.Tensor,
+                   maskable: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """LLaDA loss from logits of the masked positions only, (N, V) in row-major order of
+    ``masked`` (what ``model(..., logits_mask=masked)`` returns)."""
+    targets = input_ids[masked]                                                 # (N,)
+    ce = F.cross_entropy(logits.float(), targets, reduction="none")            # (N,)
+    rows = masked.nonzero(as_tuple=True)[0]                                     # (N,)
+    n_maskable = maskable.sum(dim=1).clamp(min=1).to(ce.dtype)                  # (B,)
+    weight = 1.0 / (t.to(ce.dtype)[rows] * n_maskable[rows])
+    return (ce * weight).sum() / input_ids.shape[0]
+
+
+@torch.no_grad()
+def masked_eval_loss(model, sequences: list[list[int]], mask_id: int, pad_id: int,
+                     ratios: tuple[float, ...] = (0.15, 0.5, 0.85), seed: int = 0,
+                     batch_size: int = 32, device: str = "cpu",
+                     autocast: bool = True, skip_first: int = 0) -> dict:
+    """Masked-token cross-entropy (plain mean over masked tokens, no 1/t weight) at fixed
+    masking ratios, with a fixed seed: comparable across checkpoints.
+
+    ``sequences`` are full token lists (right-padded here with ``pad_id``; padding is never
+    masked and is excluded from attention). The first ``skip_first`` positions are never masked
+    (e.g. a BOS token). Returns {"masked_loss": mean over ratios, "by_ratio": {r: loss}}.
+    """
+    was_training = model.training
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    by_ratio: dict[str, float] = {}
+    for r in ratios:
+        total, count = 0.0, 0
+        for i in range(0, len(sequences), batch_size):
+            chunk = sequences[i:i + batch_size]
+            L = max(len(s) for s in chunk)
+            ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
+            real = torch.zeros((len(chunk), L), dtype=torch.bool)
+            for j, s in enumerate(chunk):
+                ids[j, :len(s)] = torch.tensor(s)
+                real[j, :len(s)] = True
+            maskable = real.clone()
+            maskable[:, :skip_first] = False
+            u = torch.rand(ids.shape, generator=g)
+            masked = (u < r) & maskable
+            if not bool(masked.any()):
+                continue
+            noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
+            attn = None if bool(real.all()) else real.long().to(device)
+            with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
+                                enabled=autocast):
+                logits = model(noisy.to(device), attention_mask=attn,
+                               logits_mask=masked.to(device)).logits
+            ce = F.cross_entropy(logits.float(), ids.to(device)[masked.to(device)],
+                                 reduction="sum")
+            total += float(ce)
+            count += int(masked.sum())
+        by_ratio[f"{r:g}"] = total / max(count, 1)
+    if was_training:
+        model.train()
+    return {"masked_loss": sum(by_ratio.values()) / max(len(by_ratio), 1),
+            "by_ratio": by_ratio}
+
+
+@torch.no_grad()
+def ar_eval_loss(model, sequences: list[list[int]], pad_id: int, batch_size: int = 32,
+                 device: str = "cpu", autocast: bool = True) -> dict:
+    """Next-token cross-entropy (mean per predicted token) of a causal LM on ``sequences``."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(sequences), batch_size):
+        chunk = sequences[i:i + batch_size]
+        L = max(len(s) for s in chunk)
+        ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(chunk), L), dtype=torch.long)
+        for j, s in enumerate(chunk):
+            ids[j, :len(s)] = torch.tensor(s)
+            attn[j, :len(s)] = 1
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
+                            enabled=autocast):
+            logits = model(ids.to(device), attention_mask=attn.to(device)).logits
+        tgt = ids[:, 1:].to(device)
+        keep = attn[:, 1:].bool().to(device)
+        ce = F.cross_entropy(logits[:, :-1][keep].float(), tgt[keep], reduction="sum")
+        total += float(ce)
+        count += int(keep.sum())
+    if was_training:
+        model.train()
+    return {"ar_loss": total / max(count, 1)}

@@ -1,0 +1,136 @@
+"""Checkable tasks with exact answers, for training and evaluating the shipped tiny models.
+
+Every task is digit-level text that a few-million-parameter model can learn:
+
+    copy: 41 7 93 2      -> 41 7 93 2
+    reverse: 41 7 93 2   -> 2 93 7 41
+    sort: 41 7 93 2      -> 2 7 41 93
+    add: 417 + 93        -> 510
+    max: 41 7 93 2       -> 93
+    count: 41 7 93 2     -> 4
+
+Train/eval split: a problem belongs to the eval split when a stable hash (sha256, not Python's
+``hash``) of its prompt falls in one bucket out of ``EVAL_BUCKETS``. Both splits are drawn by
+rejection from the same generator, so an eval problem can never occur in training data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+
+TASKS: tuple[str, ...] = ("copy", "reverse", "sort", "add", "max", "count")
+SPLITS: tuple[str, ...] = ("train", "eval")
+
+EVAL_BUCKETS = 16          # 1/16 of all problems are reserved for evaluation
+EVAL_SEED = 1234           # the fixed seed of the published eval sets
+EVAL_N = 100               # eval problems per task
+
+LIST_MIN, LIST_MAX = 3, 8  # list length for the list tasks
+ITEM_MAX = 99              # list items are 0..ITEM_MAX
+ADD_MAX = 999              # addends are 0..ADD_MAX
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: ``prompt`` is the user message, ``answer`` the exact expected reply."""
+
+    task: str
+    prompt: str
+    answer: str
+
+    def messages(self) -> list[dict[str, str]]:
+        """The prompt as a chat (one user message)."""
+        return [{"role": "user", "content": self.prompt}]
+
+
+def _check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+
+
+def split_of(prompt: str) -> str:
+    """'eval' or 'train' for a problem, by a stable hash of its prompt text."""
+    digest = hashlib.sha256(prompt.encode("utf-8")).digest()
+    return "eval" if int.from_bytes(digest[:8], "big") % EVAL_BUCKETS == 0 else "train"
+
+
+def _join(xs: list[int]) -> str:
+    return " ".join(str(x) for x in xs)
+
+
+def solve(task: str, prompt: str) -> str:
+    """The exact answer of a prompt (parses the prompt; used to build and to check examples)."""
+    _check_task(task)
+    head, _, body = prompt.partition(":")
+    if head.strip() != task:
+        raise ValueError(f"prompt {prompt!r} is not a {task!r} problem")
+    if task == "add":
+        a, _, b = body.partition("+")
+        return str(int(a) + int(b))
+    xs = [int(t) for t in body.split()]
+    if task == "copy":
+        return _join(xs)
+    if task == "reverse":
+        return _join(xs[::-1])
+    if task == "sort":
+        return _join(sorted(xs))
+    if task == "max":
+        return str(max(xs))
+    if task == "count":
+        return str(len(xs))
+    raise AssertionError(task)
+
+
+def random_prompt(task: str, rng: random.Random) -> str:
+    """One random problem of a task (either split)."""
+    _check_task(task)
+    if task == "add":
+        # Mix magnitudes so that short sums and carries both occur often.
+        a = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+        b = rng.randint(0, 10 ** rng.randint(1, 3) - 1)
+        return f"add: {a} + {b}"
+    n = rng.randint(LIST_MIN, LIST_MAX)
+    xs = [rng.randint(0, ITEM_MAX) for _ in range(n)]
+    return f"{task}: {_join(xs)}"
+
+
+def random_example(task: str, rng: random.Random, split: str = "train") -> Example:
+    """A random example of ``task`` whose problem belongs to ``split``."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
+    while True:
+        prompt = random_prompt(task, rng)
+        if split_of(prompt) == split:
+            return Example(task, prompt, solve(task, prompt))
+
+
+def make_examples(task: str, n: int, seed: int = 0, split: str = "train") -> list[Example]:
+    """``n`` examples of ``task`` from ``split``, deterministic for ``seed``.
+
+    Eval examples are distinct problems; train examples may repeat (the space is large).
+    """
+    _check_task(task)
+    rng = random.Random(f"celeris-task:{task}:{seed}:{split}")
+    out: list[Example] = []
+    seen: set[str] = set()
+    while len(out) < n:
+        ex = random_example(task, rng, split)
+        if split == "eval":
+            if ex.prompt in seen:
+                continue
+            seen.add(ex.prompt)
+        out.append(ex)
+    return out
+
+
+def eval_examples(task: str, n: int = EVAL_N, seed: int = EVAL_SEED) -> list[Example]:
+    """The fixed held-out eval set of a task (100 problems by default)."""
+    return make_examples(task, n, seed, "eval")
+
+
+def score(task: str, prediction: str, answer: str) -> bool:
+    """Exact match after stripping surrounding whitespace."""
+    _check_task(task)
+    return prediction.strip() == answer.strip()

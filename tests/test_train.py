@@ -1,0 +1,238 @@
+"""celeris.train: tasks, corpus, tokenizer, masking objective, deterministic/resumable training.
+
+The training runs use the "micro" preset (a ~50k-parameter model) for 20 steps on one thread;
+the whole file takes well under a minute on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from celeris.train import corpus, tasks
+from celeris.train import tokenizer_train as tt
+from celeris.train.data import IGNORE, Batcher
+from celeris.train.objective import diffusion_loss, mask_batch
+
+
+# --------------------------------------------------------------------------- tasks
+def test_task_answers_are_exact():
+    assert tasks.solve("copy", "copy: 41 7 93 2") == "41 7 93 2"
+    assert tasks.solve("reverse", "reverse: 41 7 93 2") == "2 93 7 41"
+    assert tasks.solve("sort", "sort: 41 7 93 2") == "2 7 41 93"
+    assert tasks.solve("add", "add: 417 + 93") == "510"
+    assert tasks.solve("max", "max: 41 7 93 2") == "93"
+    assert tasks.solve("count", "count: 41 7 93 2") == "4"
+    for task in tasks.TASKS:
+        for ex in tasks.make_examples(task, 50, seed=3):
+            assert ex.task == task and ex.prompt.startswith(f"{task}: ")
+            assert tasks.solve(task, ex.prompt) == ex.answer
+            assert tasks.score(task, f"  {ex.answer}\n", ex.answer)
+            assert not tasks.score(task, ex.answer + " 1", ex.answer)
+            if task in ("copy", "reverse", "sort"):
+                n = len(ex.answer.split())
+                assert tasks.LIST_MIN <= n <= tasks.LIST_MAX
+    with pytest.raises(ValueError):
+        tasks.make_examples("divide", 1)
+
+
+def test_eval_split_is_fixed_and_disjoint_from_training():
+    for task in tasks.TASKS:
+        ev = tasks.eval_examples(task)
+        assert len(ev) == tasks.EVAL_N == len({e.prompt for e in ev})
+        assert ev == tasks.eval_examples(task)                      # fixed by seed
+        assert all(tasks.split_of(e.prompt) == "eval" for e in ev)
+        train = tasks.make_examples(task, 3000, seed=0, split="train")
+        assert all(tasks.split_of(e.prompt) == "train" for e in train)
+        assert not {e.prompt for e in ev} & {e.prompt for e in train}
+    # the training stream never yields an eval problem
+    stream = corpus.Stream(seed=0)
+    for _ in range(500):
+        item = stream.item("task")
+        assert tasks.split_of(item.messages[0][1]) == "train"
+
+
+# --------------------------------------------------------------------------- corpus
+def test_corpus_is_deterministic_and_varied():
+    a, b, c = corpus.stories(30, seed=0), corpus.stories(30, seed=0), corpus.stories(30, seed=1)
+    assert a == b and a != c
+    assert len(set(a)) > 25
+    for s in a:
+        assert s[0].isupper() and s.rstrip()[-1] in '."!?'
+        assert corpus.story_split(s) == "train"
+    held = corpus.heldout_stories(50)
+    assert held == corpus.heldout_stories(50) and len(set(held)) == 50
+    assert all(corpus.story_split(s) == "eval" for s in held)
+    assert not set(held) & set(corpus.stories(500, seed=0))
+    rng = random.Random(0)
+    text, story = corpus.story_request(rng)
+    assert isinstance(text, str) and len(story.split(". ")) >= 1
+    for _ in range(50):
+        s = corpus.story(rng, kind="dragon")
+        assert "dragon" in s
+
+
+# --------------------------------------------------------------------------- tokenizer
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tok")
+    tok = tt.train_tokenizer(corpus.tokenizer_corpus(600, seed=0), vocab_size=512)
+    tt.save_tokenizer(tok, d)
+    return d
+
+
+def test_tokenizer_special_ids_chat_template_and_round_trip(tok_dir):
+    raw = tt.load_raw(tok_dir)
+    for i, t in enumerate(tt.SPECIAL_TOKENS):
+        assert raw.token_to_id(t) == i
+    hf = tt.load_hf(tok_dir)
+    assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id, hf.mask_token_id) == (0, 1, 2, 3)
+    assert hf.convert_tokens_to_ids("<|eot|>") == 7
+    msgs = [{"role": "user", "content": "sort: 3 1 2"}]
+    rendered = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    assert rendered == "<|user|>\nsort: 3 1 2<|eot|><|assistant|>\n" == tt.render_chat(msgs)
+    assert hf.apply_chat_template(msgs, add_generation_prompt=False, tokenize=False) == \
+        "<|user|>\nsort: 3 1 2<|eot|>"
+    for text in ("reverse: 41 7 93 2", "2 93 7 41", "add: 417 + 93", "Once upon a time, a cat.",
+                 "x  y\n\n 1234 zebra!", corpus.stories(1, seed=5)[0]):
+        ids = hf(text, add_special_tokens=False)["input_ids"]
+        assert hf.decode(ids) == text
+    # digits are split individually, so numbers are digit sequences
+    ids = raw.encode("12345 907", add_special_tokens=False).ids
+    assert [raw.id_to_token(i) for i in ids] == ["1", "2", "3", "4", "5", "Ġ", "9", "0", "7"]
+    assert hf("Once")["input_ids"][0] == 1            # a plain prompt starts with BOS
+    cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
+    assert cfg["chat_template"] == tt.CHAT_TEMPLATE
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+# --------------------------------------------------------------------------- objective
+def test_masking_touches_only_maskable_positions(tok_dir):
+    raw = tt.load_raw(tok_dir)
+    batcher = Batcher(raw, corpus.Stream(seed=0), tokens_per_batch=512)
+    gen = torch.Generator().manual_seed(0)
+    b = batcher.chat_batch("task", 32)
+    assert b.input_ids.shape[1] == int((~b.maskable).sum(1).max()) + 32
+    for _ in range(20):
+        noisy, masked, t = mask_batch(b.input_ids, b.maskable, 3, gen)
+        assert bool((masked <= b.maskable).all())                   # prompt never masked
+        assert bool((noisy[~masked] == b.input_ids[~masked]).all())
+        assert bool((noisy[masked] == 3).all())
+        assert bool(masked.any(1).all())                            # every row scores a token
+        assert bool(((t >= 1e-3) & (t <= 1)).all())
+    # prompt rows: the chat template, untouched; labels only on answer + EoT
+    for r in range(b.input_ids.shape[0]):
+        row = b.input_ids[r][~b.maskable[r]].tolist()
+        real = [i for i in row if i != 0]
+        assert real[0] == 4 and real[-2:] == [5, raw.token_to_id("Ċ")]
+        lab = b.labels[r][b.labels[r] != IGNORE].tolist()
+        assert lab[-1] == 7 and 2 not in lab
+    s = batcher.story_batch(128)
+    assert bool((s.input_ids[:, 0] == 1).all()) and not bool(s.maskable[:, 0].any())
+    # the loss sees only masked positions: logits for unmasked rows are never requested
+    noisy, masked, t = mask_batch(s.input_ids, s.maskable, 3, gen)
+    logits = torch.zeros(int(masked.sum()), 600, requires_grad=True)
+    loss = diffusion_loss(logits, s.input_ids, masked, s.maskable, t)
+    loss.backward()
+    assert torch.isfinite(loss) and logits.grad.shape == logits.shape
+
+
+# --------------------------------------------------------------------------- training
+@pytest.fixture
+def one_thread(monkeypatch):
+    """One torch thread: on a shared 2-core machine two OpenMP threads competing with another
+    busy process make small ops orders of magnitude slower."""
+    before = torch.get_num_threads()
+    monkeypatch.setenv("CELERIS_THREADS", "1")
+    yield
+    torch.set_num_threads(before)
+
+
+def _train(out, **kw):
+    from celeris.train import train
+    return train(out, preset="micro", seed=0, progress=False, **kw)
+
+
+@pytest.mark.slow
+def test_micro_training_is_deterministic_and_resumable(tmp_path, one_thread):
+    a = _train(tmp_path / "a", steps=20)
+    b = _train(tmp_path / "b", steps=20)
+    assert len(a["losses"]) == 20 and a["losses"] == b["losses"]
+    assert all(x == x and x > 0 for x in a["losses"])              # finite, positive
+    c1 = _train(tmp_path / "c", steps=20, stop_at=10)
+    assert c1["steps"] == 10 and c1["losses"] == a["losses"][:10]
+    c2 = _train(tmp_path / "c", steps=20, resume=True)
+    assert c2["steps"] == 20 and c2["losses"] == a["losses"]
+    log = json.loads((tmp_path / "c" / "train_log.json").read_text())
+    assert log["steps"] == 20 and log["seed"] == 0 and log["eval"]["masked_loss"] > 0
+    assert log["tokens_seen"] == a["tokens_seen"]
+    with pytest.raises(ValueError):
+        _train(tmp_path / "c", steps=20, resume=True, kind="ar")
+
+
+@pytest.fixture(scope="module")
+def micro_models(tmp_path_factory):
+    import os
+    before = torch.get_num_threads()
+    old = os.environ.get("CELERIS_THREADS")
+    os.environ["CELERIS_THREADS"] = "1"
+    try:
+        d = tmp_path_factory.mktemp("micro")
+        _train(d / "dlm", steps=6)
+        _train(d / "ar", steps=6, kind="ar")
+    finally:
+        if old is None:
+            os.environ.pop("CELERIS_THREADS", None)
+        else:
+            os.environ["CELERIS_THREADS"] = old
+        torch.set_num_threads(before)
+    return d
+
+
+@pytest.mark.slow
+def test_saved_diffusion_model_loads_and_runs_in_the_engine(micro_models, one_thread):
+    torch.set_num_threads(1)
+    from celeris import CelerisForMaskedDiffusion, Engine, GenerationParams
+    from celeris.train import evaluate
+
+    d = micro_models / "dlm"
+    for f in ("config.json", "model.safetensors", "generation_config.json", "train_log.json",
+              *tt.TOKENIZER_FILES):
+        assert (d / f).is_file(), f
+    gen_cfg = json.loads((d / "generation_config.json").read_text())
+    fields = set(GenerationParams.field_names())
+    assert {"gen_length", "block_length", "steps"} <= set(gen_cfg)
+    assert set(gen_cfg) - fields == {"eos_token_id", "pad_token_id", "mask_token_id"}
+    model = CelerisForMaskedDiffusion.from_pretrained(str(d))
+    assert model.config.mask_token_id == 3 and model.config.eot_token_id == 7
+    assert next(model.parameters()).dtype == torch.float32
+    engine = Engine.from_pretrained(str(d), device="cpu")
+    params = engine.default_params().replace(gen_length=32, block_length=32, steps=32)
+    out = engine.generate_batch([[{"role": "user", "content": "sort: 3 1 2"}], "Once upon"],
+                                params)
+    assert len(out) == 2 and all(isinstance(r.text, str) for r in out)
+    report = evaluate(str(d), limit=2, overrides={"gen_length": 32, "steps": 32})
+    assert set(report["tasks"]) == set(tasks.TASKS) and report["n_per_task"] == 2
+    assert 0.0 <= report["mean_accuracy"] <= 1.0 and report["masked_loss"] > 0
+    assert report["samples"] and {"prompt", "prediction", "answer"} <= set(report["samples"][0])
+
+
+@pytest.mark.slow
+def test_saved_ar_twin_loads_with_plain_transformers(micro_models, one_thread):
+    torch.set_num_threads(1)
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from celeris.train import evaluate
+
+    d = micro_models / "ar"
+    model = AutoModelForCausalLM.from_pretrained(str(d))
+    assert model.config.model_type == "llama"
+    assert GenerationConfig.from_pretrained(str(d)).eos_token_id == [2, 7]
+    dlm = json.loads((micro_models / "dlm" / "config.json").read_text())
+    assert model.config.vocab_size == dlm["vocab_size"]
+    assert model.config.hidden_size == dlm["hidden_size"]
+    report = evaluate(str(d), kind="ar", limit=2, overrides={"gen_length": 8})
+    assert report["kind"] == "ar" and set(report["tasks"]) == set(tasks.TASKS)
