@@ -8,9 +8,11 @@ from .outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
 from .params import GenerationParams
 
 __version__ = "0.1.0"
-from .engine import Engine, cut_at_stop, memory_info
+from .engine import AsyncEngine, ContextLengthError, Engine, cut_at_stop, memory_info
+from .ar_baseline import ARBaseline
 
 __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "StepEvent",
            "FinishReason", "Timings", "Usage", "CelerisError", "ModelLoadError",
            "EngineBusyError", "EngineClosedError", "CelerisConfig", "CelerisForMaskedDiffusion",
-           "LLaDAConfig", "DreamConfig", "load_model", "cut_at_stop", "memory_info"]
+           "LLaDAConfig", "DreamConfig", "load_model", "cut_at_stop", "memory_info",
+           "AsyncEngine", "ContextLengthError"]

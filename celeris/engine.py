@@ -1,28 +1,35 @@
 """Engine: the public face of Celeris (load, generate, stream, abort, info).
 
-The engine turns prompts into ``SamplerRequest``s, runs them through ``DenoiseBatch`` steps and
-turns the sampler's ``StepOutput``s into ``StepEvent``s (adding decoded text and timings) and
-finally a ``GenerationResult``. Server, UI, bench and batch use only this surface.
+The engine turns prompts into ``SamplerRequest``s and runs them through a ``StepLoop``
+(celeris/scheduler.py), which steps ``DenoiseBatch``es and turns the sampler's ``StepOutput``s
+into ``StepEvent``s and finally a ``GenerationResult``. Without ``start()`` a call runs inline in
+the caller's thread (CLI, tests); after ``start()`` every call goes through the shared
+background ``Scheduler``, so concurrent callers share one batch. ``AsyncEngine`` is the asyncio
+face of the started engine. Server, UI, bench and batch use only this surface.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import queue
 import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections import deque
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 import torch
 
-from .config import EngineConfig, ModelLoadError
+from .config import EngineBusyError, EngineClosedError, EngineConfig, ModelLoadError
 from .model import load_model
-from .outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
+from .outputs import GenerationResult, StepEvent
 from .params import GenerationParams
-from .sampler import DenoiseBatch, SamplerRequest, SpecialTokens, StepOutput
+from .sampler import SamplerRequest, SpecialTokens
+from .scheduler import Scheduler
+from .steploop import StepLoop, cut_at_stop, is_final  # noqa: F401 (cut_at_stop: public)
 from .tokenizer import Messages, Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -30,20 +37,18 @@ DEFAULT_MODEL = REPO_ROOT / "models" / "celeris-tiny"
 Prompt = str | Messages | list[int]   # text, chat messages, or token ids
 
 
-@dataclass
-class _Tracker:
-    """Per-request bookkeeping that turns StepOutputs into StepEvents and a result."""
+class ContextLengthError(ValueError):
+    """The prompt (plus the answer canvas) does not fit a token limit; carries the numbers."""
 
-    request_id: str
-    prompt_len: int
-    params: GenerationParams
-    seed: int
-    started: float
-    text: str = ""
-    prefix_len: int = -1
-    first_block_s: float | None = None
-    stopped_by_string: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    def __init__(self, prompt_tokens: int, gen_length: int, limit: int) -> None:
+        self.prompt_tokens, self.gen_length, self.limit = prompt_tokens, gen_length, limit
+        if gen_length:
+            message = (f"prompt ({prompt_tokens} tokens) + gen_length ({gen_length}) = "
+                       f"{prompt_tokens + gen_length} tokens exceeds the model's context of "
+                       f"{limit} tokens")
+        else:
+            message = f"prompt has {prompt_tokens} tokens; the limit is {limit}"
+        super().__init__(message)
 
 
 class Engine:
@@ -58,8 +63,10 @@ class Engine:
         sp = tokenizer.special
         self.special = SpecialTokens(mask=sp.mask, pad=sp.pad, stop=sp.stop)
         self._defaults = GenerationParams.from_dict(generation_defaults or {})
-        self._aborted: set[str] = set()
-        self._lock = threading.Lock()
+        self._model_lock = threading.Lock()      # one forward at a time
+        self._lock = threading.Lock()            # guards starting/stopping the scheduler
+        self._scheduler: Scheduler | None = None
+        self._inline: dict[str, StepLoop] = {}   # request id -> its inline loop (for abort)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -85,24 +92,31 @@ class Engine:
                 ) -> SamplerRequest:
         """Validate and tokenise one request (raises ValueError with a clear message)."""
         params = params or self._defaults
-        ids = list(prompt) if _is_ids(prompt) else self.tokenizer.encode_prompt(prompt)
+        if _is_ids(prompt):
+            ids = list(prompt)
+            vocab = self.model.config.vocab_size
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad}")
+        else:
+            ids = self.tokenizer.encode_prompt(prompt)
         limit = self.model.config.max_position_embeddings
         if len(ids) + params.gen_length > limit:
-            raise ValueError(f"prompt ({len(ids)} tokens) + gen_length ({params.gen_length}) "
-                             f"exceeds the model's context of {limit} tokens")
+            raise ContextLengthError(len(ids), params.gen_length, limit)
         if len(ids) > self.config.max_prompt_tokens:
-            raise ValueError(f"prompt has {len(ids)} tokens; the limit is "
-                             f"{self.config.max_prompt_tokens}")
+            raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
+        if canvas is not None and len(canvas) != params.gen_length:
+            raise ValueError(f"canvas has {len(canvas)} positions but gen_length is "
+                             f"{params.gen_length}")
         seed = params.seed if params.seed is not None else secrets.randbits(62)
-        return SamplerRequest(request_id or uuid.uuid4().hex[:16], tuple(ids), params, seed,
+        return SamplerRequest(request_id or new_request_id(), tuple(ids), params, seed,
                               None if canvas is None else tuple(canvas))
 
     def stream(self, prompt: Prompt, params: GenerationParams | None = None,
                request_id: str | None = None, canvas: Sequence[int] | None = None
                ) -> Iterator[StepEvent | GenerationResult]:
         """Yield a StepEvent per denoising step as it happens, then the GenerationResult."""
-        req = self.prepare(prompt, params, request_id, canvas)
-        yield from self._run([req], stream=True)
+        yield from self._generate([(prompt, params, request_id, canvas)], stream=True)
 
     def stream_infill(self, text: str, params: GenerationParams | None = None,
                       span: int = 2, marker: str = "[MASK]", request_id: str | None = None
@@ -110,8 +124,7 @@ class Engine:
         """Fill the ``marker`` spans of ``text`` (each becomes ``span`` masked positions);
         every other token stays pinned. The text before the first span is the prompt."""
         prompt, canvas, params = self.infill_request(text, params, span, marker)
-        req = self.prepare(prompt, params, request_id, canvas)
-        yield from self._run([req], stream=True)
+        yield from self._generate([(prompt, params, request_id, canvas)], stream=True)
 
     def infill_request(self, text: str, params: GenerationParams | None, span: int,
                        marker: str) -> tuple[list[int], list[int], GenerationParams]:
@@ -143,81 +156,59 @@ class Engine:
                        request_ids: Sequence[str] | None = None) -> list[GenerationResult]:
         """Denoise several prompts in one batch (left-padded); results in input order."""
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
-        ids = list(request_ids) if request_ids else [None] * len(prompts)
-        reqs = [self.prepare(p, q, i) for p, q, i in zip(prompts, plist, ids)]
-        results = {r.request_id: r for r in self._run(reqs, stream=False)}
-        return [results[r.request_id] for r in reqs]
+        ids = [i or new_request_id() for i in (request_ids or [None] * len(prompts))]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request_ids must be unique")
+        specs = [(p, q, i, None) for p, q, i in zip(prompts, plist, ids)]
+        results = {r.request_id: r for r in self._generate(specs, stream=False)}
+        return [results[i] for i in ids]
 
     def abort(self, request_id: str) -> None:
-        self._aborted.add(request_id)
+        """Stop a request; it finishes with finish_reason "abort" within one step."""
+        scheduler = self._scheduler
+        if scheduler is not None and scheduler.abort(request_id):
+            return
+        loop = self._inline.get(request_id)
+        if loop is not None:
+            loop.abort(request_id)
 
-    # ------------------------------------------------------------------ the loop
-    def _run(self, reqs: list[SamplerRequest], stream: bool
-             ) -> Iterator[StepEvent | GenerationResult]:
-        groups: dict[tuple, list[SamplerRequest]] = {}
-        for r in reqs:   # one batch per cache policy and block length
-            groups.setdefault((r.params.cache, r.params.block_length), []).append(r)
-        with self._lock, torch.inference_mode():
-            for (cache, _), group in groups.items():
-                yield from self._run_batch(group, cache, stream)
+    # ------------------------------------------------------------------ background loop
+    def start(self) -> "Engine":
+        """Start the background scheduler: from now on every request shares its batch."""
+        with self._lock:
+            old = self._scheduler
+            if old is None or not old.alive or old.closed:   # none, stopped or drained
+                if old is not None:
+                    old.stop()
+                self._scheduler = Scheduler(self._new_loop(), self.config, self._model_lock)
+                self._scheduler.start()
+        return self
 
-    def _run_batch(self, reqs: list[SamplerRequest], cache: str, stream: bool
-                   ) -> Iterator[StepEvent | GenerationResult]:
-        start = time.perf_counter()
-        shift = 1 if getattr(self.model.config, "shift_logits", False) else 0
-        batch = DenoiseBatch(self.model, self.special, self.device, cache=cache, shift=shift)
-        batch.add(reqs)
-        trackers = {r.request_id: _Tracker(r.request_id, len(r.prompt_ids), r.params, r.seed,
-                                           start) for r in reqs}
-        last: dict[str, StepOutput] = {}
-        while len(batch):
-            gone = [rid for rid in batch.request_ids if rid in self._aborted]
-            if gone:
-                batch.remove(gone)
-                for rid in gone:
-                    self._aborted.discard(rid)
-                    yield self._result(trackers[rid], last.get(rid), FinishReason.ABORT)
-            for out in batch.step():
-                tr = trackers[out.request_id]
-                last[out.request_id] = out
-                event = self._event(tr, out)
-                if stream:
-                    yield event
-                finish = out.finish
-                if finish is None and tr.stopped_by_string:
-                    batch.remove([out.request_id])
-                    finish = "stop"
-                if finish is not None:
-                    yield self._result(tr, out, FinishReason(finish))
+    def drain(self, timeout: float | None = 30.0) -> bool:
+        """Refuse new requests (EngineClosedError) and let running ones finish; True if
+        they all did within ``timeout`` seconds (the rest are aborted)."""
+        scheduler = self._scheduler
+        return True if scheduler is None else scheduler.drain(timeout)
 
-    def _event(self, tr: _Tracker, out: StepOutput) -> StepEvent:
-        now = time.perf_counter() - tr.started
-        if tr.first_block_s is None and (out.block > 0 or out.finish):
-            tr.first_block_s = now
-        answer = self.tokenizer.answer_ids(out.canvas)
-        if len(answer) != tr.prefix_len:
-            tr.prefix_len = len(answer)
-            tr.text, tr.stopped_by_string = cut_at_stop(self.tokenizer.decode(answer),
-                                                        tr.params.stop)
-        return StepEvent(tr.request_id, out.step, out.block, out.canvas, out.committed,
-                         out.confidences, out.nfe, now, tr.text, self.special.mask,
-                         tr.params.block_length, out.finish is not None)
+    def stop(self) -> None:
+        """Stop the background scheduler (its requests are aborted); calls run inline again."""
+        with self._lock:
+            scheduler, self._scheduler = self._scheduler, None
+        if scheduler is not None:
+            scheduler.stop()
 
-    def _result(self, tr: _Tracker, out: StepOutput | None, finish: FinishReason
-                ) -> GenerationResult:
-        canvas = out.canvas if out else ()
-        answer = self.tokenizer.answer_ids(canvas)
-        text, cut = cut_at_stop(self.tokenizer.decode(answer), tr.params.stop)
-        ids = tuple(answer) if not cut else tuple(self.tokenizer.encode(text))
-        if cut:
-            finish = FinishReason.STOP
-        total = time.perf_counter() - tr.started
-        return GenerationResult(
-            request_id=tr.request_id, text=text, token_ids=ids, canvas=tuple(canvas),
-            finish_reason=finish, nfe=out.nfe if out else 0, steps=out.step if out else 0,
-            timings=Timings(total_s=total, first_block_s=tr.first_block_s),
-            usage=Usage(prompt_tokens=tr.prompt_len, completion_tokens=len(ids)),
-            seed=tr.seed, params=tr.params.to_dict())
+    @property
+    def started(self) -> bool:
+        return self._scheduler is not None and self._scheduler.alive
+
+    def stats(self) -> dict[str, Any]:
+        """Queue depth and running batch size (zeros when no background loop runs)."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return {"running": len(self._inline), "queued": 0,
+                    "max_running": self.config.max_running,
+                    "max_queue": self.config.max_queue, "draining": False}
+        return scheduler.stats()
 
     # ------------------------------------------------------------------ info
     def info(self) -> dict[str, Any]:
@@ -229,17 +220,176 @@ class Engine:
                "device": str(self.device), "context_length": cfg.max_position_embeddings,
                "defaults": self._defaults.to_dict()}
         out.update(memory_info(self.device))
+        out.update({f"scheduler_{k}": v for k, v in self.stats().items()})
         return out
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each id decoded on its own, special tokens as "" (for drawing a canvas per token)."""
+        return [self.tokenizer.decode([int(t)]) for t in ids]
+
+    # ------------------------------------------------------------------ the loops
+    def _new_loop(self) -> StepLoop:
+        shift = 1 if getattr(self.model.config, "shift_logits", False) else 0
+        return StepLoop(self.model, self.tokenizer, self.special, self.device, shift)
+
+    def _generate(self, specs: list[tuple], stream: bool
+                  ) -> Iterator[StepEvent | GenerationResult]:
+        scheduler = self._scheduler
+        if scheduler is not None and scheduler.alive:
+            yield from self._run_scheduled(scheduler, specs, stream)
+        else:
+            yield from self._run_inline([self.prepare(*s) for s in specs], stream)
+
+    def _run_inline(self, reqs: list[SamplerRequest], stream: bool
+                    ) -> Iterator[StepEvent | GenerationResult]:
+        """Denoise ``reqs`` in the caller's thread with a private StepLoop."""
+        loop = self._new_loop()
+        now = time.perf_counter()
+        states = [loop.new_state(r, now, self.config.request_timeout_s, None, stream)
+                  for r in reqs]
+        for r in reqs:
+            self._inline[r.request_id] = loop
+        try:
+            with self._model_lock, torch.inference_mode():
+                items = loop.add(states)
+            while True:
+                for _, item in items:
+                    if isinstance(item, BaseException):
+                        raise item
+                    if stream or isinstance(item, GenerationResult):
+                        yield item
+                if not len(loop):
+                    return
+                with self._model_lock, torch.inference_mode():
+                    items = loop.step()
+        finally:
+            for r in reqs:
+                self._inline.pop(r.request_id, None)
+
+    def _run_scheduled(self, scheduler: Scheduler, specs: list[tuple], stream: bool
+                       ) -> Iterator[StepEvent | GenerationResult]:
+        """Submit ``specs`` to the shared scheduler. A batch larger than the free capacity
+        waits for its own requests to finish; a caller with nothing in flight is refused
+        (EngineBusyError) like any other."""
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        todo, pending = deque(specs), set()
+        try:
+            while todo or pending:
+                while todo:
+                    try:
+                        pending.add(self._submit(scheduler, todo[0], box.put, stream))
+                    except EngineBusyError:
+                        if not pending:
+                            raise
+                        break
+                    todo.popleft()
+                item = box.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if is_final(item):
+                    pending.discard(item.request_id)
+                yield item
+        finally:
+            for rid in pending:
+                scheduler.abort(rid)
+
+    def _submit(self, scheduler: Scheduler, spec: tuple, sink: Any, events: bool) -> str:
+        """Reserve a slot (refusing at once when full), then tokenise, then queue."""
+        prompt, params, request_id, canvas = spec
+        request_id = request_id or new_request_id()
+        slot = scheduler.reserve(request_id)
+        try:
+            req = self.prepare(prompt, params, request_id, canvas)
+            scheduler.submit(slot, req, sink, events)
+        except BaseException:
+            scheduler.release(slot)
+            raise
+        return req.request_id
+
+
+class AsyncEngine:
+    """The asyncio face of an Engine whose background scheduler runs (started here).
+
+    ``async for item in aengine.stream(prompt, params)`` yields StepEvents, then the
+    GenerationResult; ``await aengine.generate(...)``. Admission errors (EngineBusyError,
+    EngineClosedError) and validation errors (ValueError) are raised by the first ``__anext__``,
+    before anything was generated. Leaving the loop early, or cancelling the task (a client
+    that disconnected), aborts the request.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine.start()
+
+    async def stream(self, prompt: Prompt, params: GenerationParams | None = None,
+                     request_id: str | None = None, canvas: Sequence[int] | None = None, *,
+                     events: bool = True) -> AsyncIterator[StepEvent | GenerationResult]:
+        """events=False yields only the GenerationResult."""
+        scheduler = self._scheduler()
+        loop = asyncio.get_running_loop()
+        box: asyncio.Queue = asyncio.Queue()
+
+        def sink(item: Any) -> None:
+            loop.call_soon_threadsafe(box.put_nowait, item)
+
+        request_id = request_id or new_request_id()
+        slot = scheduler.reserve(request_id)
+        try:   # tokenising a long prompt must not block the event loop
+            req = await asyncio.to_thread(self.engine.prepare, prompt, params, request_id,
+                                          canvas)
+            scheduler.submit(slot, req, sink, events)
+        except BaseException:
+            scheduler.release(slot)
+            raise
+        finished = False
+        try:
+            while not finished:
+                item = await box.get()
+                finished = is_final(item)
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not finished:
+                scheduler.abort(request_id)
+
+    async def generate(self, prompt: Prompt, params: GenerationParams | None = None,
+                       request_id: str | None = None) -> GenerationResult:
+        result = None
+        async for item in self.stream(prompt, params, request_id, events=False):
+            result = item
+        assert isinstance(result, GenerationResult)
+        return result
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    async def drain(self, timeout: float | None = 30.0) -> bool:
+        return await asyncio.to_thread(self.engine.drain, timeout)
+
+    @property
+    def queue_depth(self) -> int:
+        return self.engine.stats()["queued"]
+
+    @property
+    def running(self) -> int:
+        return self.engine.stats()["running"]
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def _scheduler(self) -> Scheduler:
+        scheduler = self.engine._scheduler
+        if scheduler is None:
+            raise EngineClosedError("the engine's background loop was stopped")
+        return scheduler
 
 
 def _is_ids(prompt: Any) -> bool:
     return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
 
 
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
-    """Cut ``text`` at the first occurrence of any stop string."""
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def read_generation_defaults(model_dir: Path) -> dict[str, Any]:

@@ -155,3 +155,20 @@ def test_a_request_can_join_a_running_batch_between_steps(model):
             final.update({o.request_id: o.canvas for o in batch.step() if o.finish})
     assert final["a"] == run(model, params, prompts=[PROMPTS[0]], seeds=[1])[0][-1].canvas
     assert final["b"] == run(model, params, prompts=[PROMPTS[2]], seeds=[2])[0][-1].canvas
+
+
+def test_top_k_and_top_p_filter_per_row_and_keep_the_best_token():
+    from celeris.sampler.noise import filter_logits
+    logits = torch.tensor([[[3.0, 2.0, 1.0, 0.0]] * 2, [[0.0, 1.0, 2.0, 3.0]] * 2])  # (2, 2, 4)
+    out = filter_logits(logits, torch.tensor([2, 0]), torch.tensor([1.0, 0.5]))
+    kept = torch.isfinite(out)
+    assert kept[0].tolist() == [[True, True, False, False]] * 2        # top-2
+    assert kept[1].tolist() == [[False, False, False, True]] * 2       # top-p 0.5: p(3)=0.64
+    assert torch.equal(out[kept], logits[kept])
+
+
+def test_sampling_with_top_p_runs_through_the_batch(model):
+    params = GenerationParams(gen_length=16, block_length=8, temperature=1.0, top_p=0.9,
+                              top_k=20)
+    for trace in run(model, params):
+        assert MASK not in trace[-1].canvas

@@ -37,10 +37,9 @@ def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     sorted_logits, order = logits.sort(dim=-1, descending=True)                 # (B, W, V)
     rank = torch.arange(V, device=logits.device)                                # (V,)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None, None]
-    drop = rank >= k                                                            # (B, W, V)
     probs = sorted_logits.float().softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs          # mass strictly before each entry
-    drop |= before >= top_p.to(probs.dtype)[:, None, None]
+    drop = (rank >= k) | (before >= top_p.to(probs.dtype)[:, None, None])      # (B, W, V)
     drop[..., 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
