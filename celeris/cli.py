@@ -219,10 +219,27 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run a benchmark suite")
-    p.add_argument("--suite", default=None, help="suite name")
+    p.add_argument("--suite", default=None,
+                   help="decode, ar, lengths, serve, invariance, gpu, all (default) or a "
+                        "comma list")
     p.add_argument("--json", default=None, metavar="PATH", help="write the JSON report here")
     p.add_argument("--html", default=None, metavar="PATH", help="write the HTML report here")
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help="model directory (default: shipped model)")
+    p.add_argument("--ar-model", default=None, metavar="PATH",
+                   help="autoregressive twin (default: models/celeris-tiny-ar)")
+    p.add_argument("--n", type=int, default=None, help="prompts per checkable task (5)")
+    p.add_argument("--gen-length", type=int, default=None, help="answer canvas length (256)")
+    p.add_argument("--block-length", type=int, default=None, help="block length (32)")
+    p.add_argument("--batch", type=int, default=None, help="batch size for decode (1)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per length (5)")
+    p.add_argument("--concurrency", default=None, metavar="LIST",
+                   help="serve: concurrency levels (1,4,8,16,32)")
+    p.add_argument("--url", default=None, help="serve: a running server's base URL")
+    p.add_argument("--api-key", default=None, help="serve: API key for --url")
+    p.add_argument("--tiny", action="store_true", help="gpu: a tiny random config (CPU smoke)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; recorded in the report)")
     add_device_options(p)
     p.set_defaults(func=cmd_bench)
 
@@ -236,8 +253,12 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--url", default=None, help="remote server base URL (default: in-process)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--concurrency", type=int, default=None)
-    p.add_argument("--skip-invalid", action="store_true")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="send invalid lines to the error file instead of stopping")
     p.add_argument("--restart", action="store_true", help="ignore earlier progress")
+    p.add_argument("--log", default=None, metavar="PATH", help="log file (default: OUT + .log)")
+    p.add_argument("--max-retries", type=int, default=None,
+                   help="--url: retries on 429/5xx/timeouts (6)")
     add_device_options(p)
     p.set_defaults(func=cmd_batch)
 

@@ -1,0 +1,177 @@
+"""What every suite shares: the run context, machine facts, prompts, timing and statistics.
+
+A suite is a function ``run(ctx) -> dict`` returning a plain JSON-able section: ``rows`` (one
+dict per measured configuration), ``columns`` (which row keys the console table shows),
+``settings`` and ``notes``. Counting follows DESIGN.md everywhere: completion tokens before the
+first EOS (``GenerationResult.usage.completion_tokens``) over the wall time around the call.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_AR_MODEL = REPO_ROOT / "models" / "celeris-tiny-ar"
+Column = tuple[str, str, str]          # (row key, header, format spec)
+
+
+class SuiteSkipped(Exception):
+    """A suite cannot run here (no AR model, no GPU...); the reason goes into the report."""
+
+
+@dataclass
+class BenchContext:
+    """Options of one bench run plus the models it loads once and shares between suites."""
+
+    model: str | None = None
+    ar_model: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    n: int = 5                     # prompts per checkable task
+    gen_length: int = 256
+    block_length: int = 32
+    batch: int = 1
+    repeats: int = 5
+    concurrency: tuple[int, ...] = (1, 4, 8, 16, 32)
+    url: str | None = None
+    api_key: str | None = None
+    tiny: bool = False
+    progress: bool = True
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _engine: Any = None
+    _ar: Any = None
+
+    @property
+    def engine(self) -> Any:
+        if self._engine is None:
+            from celeris import Engine
+            self._engine = Engine.from_pretrained(self.model, device=self.device,
+                                                  dtype=self.dtype)
+        return self._engine
+
+    def ar_path(self) -> Path:
+        return Path(self.ar_model) if self.ar_model else DEFAULT_AR_MODEL
+
+    @property
+    def ar(self) -> Any:
+        if self._ar is None:
+            from celeris import ARBaseline
+            path = self.ar_path()
+            if not (path / "config.json").is_file():
+                raise SuiteSkipped(f"no autoregressive twin at {path} (pass --ar-model)")
+            self._ar = ARBaseline.from_pretrained(path, device=str(self.engine.device))
+        return self._ar
+
+    def bar(self, total: int, desc: str) -> Any:
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, unit="req", leave=False, dynamic_ncols=True,
+                    disable=not self.progress, file=sys.stderr)
+
+    def base_params(self, remote: bool = False, **changes: Any) -> Any:
+        """The model's defaults (remote: the library defaults) with this run's lengths,
+        greedy, no stop strings."""
+        from celeris import GenerationParams
+
+        base = GenerationParams() if remote else self.engine.default_params()
+        params = base.replace(
+            gen_length=self.gen_length, block_length=self.block_length, steps=None,
+            temperature=0.0, seed=0, stop=())
+        return params.replace(**changes)
+
+
+# ---------------------------------------------------------------------- machine facts
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpu": cpu_model(), "cpu_cores": os.cpu_count(), "torch_threads":
+            torch.get_num_threads(), "gpu": gpu, "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "triton": _version("triton"), "transformers": _version("transformers"),
+            "celeris": _version("celeris") or __import__("celeris").__version__}
+
+
+# ---------------------------------------------------------------------- prompts
+def task_examples(n_per_task: int) -> list[Any]:
+    """The first ``n_per_task`` problems of each task's fixed held-out eval set."""
+    from celeris.train import TASKS, eval_examples
+    return [ex for task in TASKS for ex in eval_examples(task, n_per_task)]
+
+
+def messages(prompt: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": prompt}]
+
+
+def story_prompt(seed: int = 0) -> str:
+    import random
+
+    from celeris.train.corpus import story_request
+    return story_request(random.Random(f"celeris-bench:{seed}"), split="eval")[0]
+
+
+def accuracy(examples: Sequence[Any], texts: Sequence[str]) -> tuple[float, dict[str, float]]:
+    """Overall exact-match accuracy and per task."""
+    from celeris.train import score
+
+    per: dict[str, list[bool]] = {}
+    for ex, text in zip(examples, texts):
+        per.setdefault(ex.task, []).append(score(ex.task, text, ex.answer))
+    flat = [ok for oks in per.values() for ok in oks]
+    return (sum(flat) / len(flat) if flat else 0.0,
+            {t: round(sum(v) / len(v), 4) for t, v in per.items()})
+
+
+# ---------------------------------------------------------------------- timing
+def timed_batches(run: Callable[[list[Any]], list[Any]], items: Sequence[Any], batch: int,
+                  bar: Any = None) -> tuple[list[Any], list[float]]:
+    """Call ``run`` on consecutive chunks of ``batch`` items; (results, wall time per chunk)."""
+    results: list[Any] = []
+    walls: list[float] = []
+    for i in range(0, len(items), batch):
+        chunk = list(items[i:i + batch])
+        start = time.perf_counter()
+        results.extend(run(chunk))
+        walls.append(time.perf_counter() - start)
+        if bar is not None:
+            bar.update(len(chunk))
+    return results, walls
+
+
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """Median and spread (min, max, relative standard deviation) of repeated measurements."""
+    if not values:
+        return {"median": None, "min": None, "max": None, "rel_stdev": None}
+    med = statistics.median(values)
+    rel = statistics.stdev(values) / med if len(values) > 1 and med else 0.0
+    return {"median": med, "min": min(values), "max": max(values), "rel_stdev": rel}
+
+
+def section(suite: str, title: str, columns: Sequence[Column], rows: list[dict[str, Any]],
+            settings: dict[str, Any], notes: Sequence[str] = ()) -> dict[str, Any]:
+    return {"suite": suite, "title": title, "status": "ok", "settings": settings,
+            "columns": [list(c) for c in columns], "rows": rows, "notes": list(notes)}

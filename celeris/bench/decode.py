@@ -1,0 +1,165 @@
+"""decode: the reference sampler against each fast configuration; ar: Celeris against its
+autoregressive twin. Same held-out checkable-task prompts (sent as chat messages), same run.
+
+The reference is LLaDA's sampler as published (Nie et al. 2025, Alg. 4): a fixed schedule of
+one token per step (steps = gen_length), no cache and no early stop. ``fixed+early-stop``
+separates what early stop alone buys from what parallel decoding and the cache add.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .common import (BenchContext, accuracy, messages, section, task_examples, timed_batches)
+
+# (name, GenerationParams changes); steps=None means steps = gen_length.
+REFERENCE = ("reference", dict(decoding="fixed", steps=None, cache="none", early_stop=False))
+FAST_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("fixed+early-stop", dict(decoding="fixed", cache="none", early_stop=True)),
+    *((f"threshold {t} / {c}", dict(decoding="threshold", threshold=t, cache=c, early_stop=True))
+      for t in (0.7, 0.8, 0.9) for c in ("none", "prefix", "dual")),
+    *((f"factor 1.0 / {c}", dict(decoding="factor", factor=1.0, cache=c, early_stop=True))
+      for c in ("none", "prefix", "dual")),
+)
+DEFAULT_BEST = "threshold 0.9 / prefix"
+ACCURACY_TOLERANCE = 0.02     # "within 2 points" (issue 4)
+
+DECODE_COLUMNS = (("config", "config", "s"), ("tokens_per_s", "tok/s", ".2f"),
+                  ("nfe_mean", "NFE", ".1f"), ("tokens_per_forward", "TPF", ".2f"),
+                  ("accuracy", "accuracy", ".3f"), ("speedup", "speed-up", ".2f"),
+                  ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
+AR_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
+              ("tokens_per_s", "tok/s", ".2f"), ("accuracy", "accuracy", ".3f"),
+              ("vs_ar", "x AR", ".2f"), ("completion_tokens", "tokens", "d"),
+              ("wall_s", "wall s", ".2f"))
+
+
+def measure_celeris(ctx: BenchContext, name: str, params: Any, examples: Sequence[Any],
+                    batch: int) -> dict[str, Any]:
+    """One configuration over all examples in chunks of ``batch``."""
+    engine = ctx.engine
+    bar = ctx.bar(len(examples), name)
+    results, walls = timed_batches(
+        lambda chunk: engine.generate_batch([messages(ex.prompt) for ex in chunk], params),
+        examples, batch, bar)
+    bar.close()
+    return _row(name, [r.text for r in results], [r.usage.completion_tokens for r in results],
+                [r.nfe for r in results], walls, examples, batch,
+                latencies=[r.timings.total_s for r in results], params=params.to_dict(),
+                finish=[str(r.finish_reason) for r in results])
+
+
+def measure_ar(ctx: BenchContext, examples: Sequence[Any], batch: int, max_new: int
+               ) -> dict[str, Any]:
+    ar = ctx.ar
+    bar = ctx.bar(len(examples), f"AR batch {batch}")
+    results, walls = timed_batches(
+        lambda chunk: ar.generate_batch([messages(ex.prompt) for ex in chunk], max_new),
+        examples, batch, bar)
+    bar.close()
+    return _row("AR twin (transformers generate)", [r["text"] for r in results],
+                [r["completion_tokens"] for r in results], None, walls, examples, batch,
+                latencies=[r["elapsed_s"] for r in results],
+                params={"max_new_tokens": max_new, "decoding": "greedy", "kv_cache": True},
+                finish=[r["finish_reason"] for r in results])
+
+
+def _row(name: str, texts: list[str], tokens: list[int], nfe: list[int] | None,
+         walls: list[float], examples: Sequence[Any], batch: int, latencies: list[float],
+         params: dict[str, Any], finish: list[str]) -> dict[str, Any]:
+    acc, by_task = accuracy(examples, texts)
+    total, wall = sum(tokens), sum(walls)
+    finish_counts = {k: finish.count(k) for k in sorted(set(finish))}
+    row = {"config": name, "batch": batch, "requests": len(texts), "completion_tokens": total,
+           "wall_s": wall, "tokens_per_s": total / wall if wall > 0 else 0.0,
+           "accuracy": acc, "accuracy_by_task": by_task, "latencies_s": latencies,
+           "finish_reasons": finish_counts, "params": params}
+    if nfe is not None:
+        row["nfe_mean"] = sum(nfe) / len(nfe)
+        row["tokens_per_forward"] = total / sum(nfe) if sum(nfe) else 0.0
+    return row
+
+
+def _warm_up(ctx: BenchContext, example: Any, configs: Sequence[tuple[str, dict]]) -> None:
+    """One untimed one-block request per configuration (first-call allocations, lazy
+    imports, thread pools), so that no configuration pays them inside its timing."""
+    for _, changes in configs:
+        params = ctx.base_params(**{**changes, "gen_length": ctx.block_length, "steps": None})
+        ctx.engine.generate_batch([messages(example.prompt)], params)
+
+
+def run_decode(ctx: BenchContext) -> dict[str, Any]:
+    examples = task_examples(ctx.n)
+    _warm_up(ctx, examples[0], (REFERENCE, *FAST_CONFIGS))
+    rows = []
+    for name, changes in (REFERENCE, *FAST_CONFIGS):
+        rows.append(measure_celeris(ctx, name, ctx.base_params(**changes), examples, ctx.batch))
+    ref = rows[0]["tokens_per_s"]
+    for row in rows:
+        row["speedup"] = row["tokens_per_s"] / ref if ref else None
+    best = best_config(rows)
+    notes = [f"best fast configuration (highest tok/s with accuracy within "
+             f"{ACCURACY_TOLERANCE * 100:.0f} points of the reference): {best}",
+             "tok/s = completion tokens before the first EOS / wall time around "
+             "engine.generate_batch; the reference is fixed, steps = gen_length, no cache, "
+             "no early stop"]
+    return section("decode", "Reference sampler vs fast decoding", DECODE_COLUMNS, rows,
+                   _settings(ctx, examples), notes) | {"best": best}
+
+
+def best_config(rows: Sequence[dict[str, Any]]) -> str:
+    ref_acc = rows[0]["accuracy"]
+    ok = [r for r in rows[1:] if r["accuracy"] >= ref_acc - ACCURACY_TOLERANCE - 1e-9]
+    return max(ok, key=lambda r: r["tokens_per_s"])["config"] if ok else DEFAULT_BEST
+
+
+def fast_changes(name: str) -> dict[str, Any]:
+    return dict(FAST_CONFIGS)[name]
+
+
+def _reusable(decode: dict[str, Any], name: str, batch: int) -> dict[str, Any] | None:
+    """A row the decode suite measured in this run on the same prompts and batch size."""
+    if decode.get("status") != "ok" or decode["settings"]["batch"] != batch:
+        return None
+    row = next((r for r in decode["rows"] if r["config"] == name), None)
+    return None if row is None else dict(row, measured_in="decode suite, same run")
+
+
+def run_ar(ctx: BenchContext) -> dict[str, Any]:
+    ctx.ar                                             # skip early when the twin is missing
+    examples = task_examples(ctx.n)
+    decode = ctx.results.get("decode", {})
+    best = decode.get("best", DEFAULT_BEST)
+    _warm_up(ctx, examples[0], (REFERENCE, (best, fast_changes(best))))
+    ctx.ar.generate_batch([messages(examples[0].prompt)], 4)
+    rows = []
+    for batch in (1, 8):
+        ar_row = measure_ar(ctx, examples, batch, ctx.gen_length)
+        ar_row["system"] = "AR twin"
+        rows.append(ar_row)
+        for label, (name, changes) in (("Celeris reference", REFERENCE),
+                                       ("Celeris fast", (best, fast_changes(best)))):
+            row = _reusable(decode, name, batch) or measure_celeris(
+                ctx, name, ctx.base_params(**changes), examples, batch)
+            row["system"] = f"{label} ({name})"
+            rows.append(row)
+        for row in rows[-3:]:
+            tps = ar_row["tokens_per_s"]
+            row["vs_ar"] = row["tokens_per_s"] / tps if tps else None
+    notes = [f"AR twin: {ctx.ar_path()} via transformers generate(), greedy, KV cache, "
+             f"max_new_tokens = gen_length = {ctx.gen_length}",
+             f"Celeris fast = {best} ({'best of the decode suite' if decode else 'default'})",
+             "Celeris rows at the decode suite's batch size are its measurements (same run, "
+             "same prompts), not repeated",
+             "goal to chase: Celeris fast >= 3x the AR twin's tok/s at batch 1 (issue 7)"]
+    settings = _settings(ctx, examples) | {"ar_model": ctx.ar.info(), "batches": [1, 8]}
+    return section("ar", "Celeris vs the autoregressive twin", AR_COLUMNS, rows, settings,
+                   notes)
+
+
+def _settings(ctx: BenchContext, examples: Sequence[Any]) -> dict[str, Any]:
+    info = ctx.engine.info()
+    return {"model": info["path"], "dtype": info["dtype"], "device": info["device"],
+            "gen_length": ctx.gen_length, "block_length": ctx.block_length,
+            "batch": ctx.batch, "prompts": len(examples), "prompts_per_task": ctx.n,
+            "prompt_source": "celeris.train eval_examples (held-out), as chat messages"}

@@ -1,0 +1,193 @@
+"""Bench: every suite end to end on a random tiny model, counting rules, and the HTML report."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from celeris import cli
+from celeris.bench.decode import REFERENCE, best_config
+from celeris.bench.lengths import length_plan
+from tests.test_bench_fixture import tiny_ar_dir, tiny_model_dir
+
+GEN, BLOCK = 16, 8
+SUITES = ("decode", "ar", "lengths", "serve", "invariance", "gpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two torch threads on two shared cores spin against each other (100x slower here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-models")
+    model = tiny_model_dir(root / "m")
+    return model, tiny_ar_dir(root / "ar", model)
+
+
+@pytest.fixture(scope="module")
+def bench_run(models, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-out")
+    model, ar = models
+    rc = cli.main(["bench", "--suite", "all", "--tiny", "--model", str(model), "--ar-model",
+                   str(ar), "--n", "1", "--gen-length", str(GEN), "--block-length", str(BLOCK),
+                   "--repeats", "2", "--concurrency", "1,4", "--no-progress", "--device", "cpu",
+                   "--json", str(out / "r.json"), "--html", str(out / "r.html")])
+    report = json.loads((out / "r.json").read_text())
+    return SimpleNamespace(rc=rc, report=report, suites=report["suites"],
+                           html=out / "r.html")
+
+
+def test_every_suite_runs_end_to_end_and_the_report_names_the_machine(bench_run):
+    assert bench_run.rc == 0
+    assert {name: s["status"] for name, s in bench_run.suites.items()} == \
+        {name: "ok" for name in SUITES}
+    machine = bench_run.report["machine"]
+    assert machine["cpu"] and machine["cpu_cores"] >= 1
+    assert machine["torch"] == torch.__version__ and "triton" in machine and "gpu" in machine
+    assert bench_run.suites["decode"]["settings"]["dtype"] == "float32"
+
+
+def test_decode_counts_completion_tokens_like_the_engine(bench_run, models):
+    from celeris import Engine, GenerationParams
+    from celeris.bench.common import messages, task_examples
+
+    rows = bench_run.suites["decode"]["rows"]
+    ref = rows[0]
+    assert ref["config"] == "reference" and ref["speedup"] == pytest.approx(1.0)
+    assert ref["params"]["decoding"] == "fixed" and ref["params"]["cache"] == "none"
+    assert ref["params"]["early_stop"] is False and ref["params"]["steps"] is None
+    engine = Engine.from_pretrained(str(models[0]), device="cpu")
+    params = GenerationParams.from_dict(ref["params"])
+    expected = sum(engine.generate(messages(ex.prompt), params).usage.completion_tokens
+                   for ex in task_examples(1))
+    assert ref["completion_tokens"] == expected
+    for row in rows:
+        assert row["completion_tokens"] <= row["requests"] * GEN
+        assert row["tokens_per_s"] == pytest.approx(row["completion_tokens"] / row["wall_s"])
+        assert 0.0 <= row["accuracy"] <= 1.0 and row["nfe_mean"] >= 1
+        assert row["speedup"] == pytest.approx(row["tokens_per_s"] / ref["tokens_per_s"])
+    assert len(rows) == 14 and bench_run.suites["decode"]["best"] in {r["config"] for r in rows}
+
+
+def test_ar_suite_puts_both_systems_side_by_side_at_batch_1_and_8(bench_run):
+    rows = bench_run.suites["ar"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 1, 1, 8, 8, 8]
+    assert [r["system"].split(" (")[0] for r in rows[:3]] == \
+        ["AR twin", "Celeris reference", "Celeris fast"]
+    for row in rows:
+        assert row["requests"] == 6 and 0.0 <= row["accuracy"] <= 1.0
+        assert row["completion_tokens"] <= 6 * GEN
+
+
+def test_lengths_are_capped_by_the_context_and_repeated(bench_run):
+    sec = bench_run.suites["lengths"]
+    labels = [r["length"] for r in sec["rows"]]
+    assert labels == ["short", "short", "medium", "medium"]       # Celeris and AR twin each
+    assert all(len(r["latencies_s"]) == 2 for r in sec["rows"])
+    assert any("long (1024) dropped" in n for n in sec["notes"])
+    assert sec["rows"][2]["gen_length"] < 256
+
+
+def test_invariance_finds_identical_tokens_at_batch_1_and_16(bench_run):
+    rows = bench_run.suites["invariance"]["rows"]
+    assert len(rows) == 3
+    for row in rows:
+        assert row["requests"] == 16
+        assert row["identical"] == 16, row["differences"]
+
+
+def test_serve_runs_in_process_without_a_url_and_says_so(bench_run):
+    sec = bench_run.suites["serve"]
+    assert [r["concurrency"] for r in sec["rows"]] == [1, 4]
+    assert all(r["succeeded"] == r["requests"] == 8 for r in sec["rows"])
+    assert all(r["tokens"] <= 8 * GEN and r["tokens_per_s"] > 0 for r in sec["rows"])
+    assert "in-process" in sec["settings"]["mode"]
+
+
+def test_gpu_script_runs_its_tiny_version_on_cpu(bench_run):
+    sec = bench_run.suites["gpu"]
+    plan = sec["settings"]["plan"]
+    assert sec["settings"]["kernel_tests"]["status"] == "skipped"
+    assert len(sec["rows"]) == len(plan["batches"]) * 3 * 3
+    for row in sec["rows"]:
+        assert row["steps"] == plan["gen_length"] // row["tokens_per_forward"]
+        assert row["tokens"] == row["batch"] * plan["gen_length"]
+        assert row["hbm_fraction"] is None and row["achieved_tflops"] > 0
+    none = [r for r in sec["rows"] if r["cache"] == "none"]
+    assert all(r["vs_none"] == pytest.approx(1.0) for r in none)
+
+
+@pytest.mark.browser
+def test_html_report_opens_in_chromium_and_shows_its_charts(bench_run, chromium_path):
+    from playwright.sync_api import sync_playwright
+
+    html = bench_run.html.read_text()
+    assert "<script src=" not in html                      # plotly.js is inline
+    expected = int(html.split("data-charts='")[1].split("'")[0])
+    assert expected == 6          # decode x2, ar, lengths, serve, gpu
+    errors: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=chromium_path, headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(bench_run.html.as_uri())
+            page.wait_for_function(
+                f"document.querySelectorAll('.plotly-graph-div .main-svg').length >= {expected}",
+                timeout=30000)
+            drawn = page.evaluate("[...document.querySelectorAll('.plotly-graph-div')]"
+                                  ".filter(d => d.querySelectorAll('.trace').length > 0)"
+                                  ".length")
+            titles = page.evaluate("[...document.querySelectorAll('.gtitle')]"
+                                   ".map(e => e.textContent)")
+        finally:
+            browser.close()
+    assert not errors
+    assert drawn == expected
+    assert any("tokens/s vs accuracy" in t for t in titles)
+    assert any("throughput vs concurrency" in t for t in titles)
+    assert any("latency" in t for t in titles)
+
+
+def test_unknown_suite_is_a_user_error(capsys):
+    assert cli.main(["bench", "--suite", "decode,warp"]) == 2
+    assert "--suite must be one of" in capsys.readouterr().err
+
+
+def test_missing_ar_twin_skips_the_suite_with_a_reason(models, tmp_path, capsys):
+    rc = cli.main(["bench", "--suite", "ar", "--model", str(models[0]), "--ar-model",
+                   str(tmp_path / "none"), "--n", "1", "--gen-length", str(GEN),
+                   "--block-length", str(BLOCK), "--no-progress", "--json",
+                   str(tmp_path / "r.json")])
+    sec = json.loads((tmp_path / "r.json").read_text())["suites"]["ar"]
+    assert rc == 1 and sec["status"] == "skipped" and "--ar-model" in sec["reason"]
+
+
+def test_best_config_is_the_fastest_within_two_points_of_the_reference():
+    rows = [{"config": "reference", "accuracy": 0.90, "tokens_per_s": 1.0},
+            {"config": "fast-but-wrong", "accuracy": 0.80, "tokens_per_s": 50.0},
+            {"config": "fast", "accuracy": 0.885, "tokens_per_s": 20.0},
+            {"config": "slow", "accuracy": 0.95, "tokens_per_s": 5.0}]
+    assert best_config(rows) == "fast"
+    assert REFERENCE[1]["early_stop"] is False
+
+
+def test_length_plan_keeps_targets_that_fit_and_says_what_it_capped():
+    ctx = SimpleNamespace(block_length=32)
+    plan, notes = length_plan(ctx, prompt_len=30, context=4096)
+    assert plan == [("short", 64), ("medium", 256), ("long", 1024)] and notes == []
+    plan, notes = length_plan(ctx, prompt_len=30, context=512)
+    assert plan == [("short", 64), ("medium", 256), ("long", 480)]
+    assert notes == ["long: gen_length 1024 capped to 480 by the 512-token context"]
