@@ -1,0 +1,180 @@
+"""Celeris composition root: args -> Engine -> FastAPI (/v1, /health) + Gradio playground at /,
+all on one port. The only module where celeris, celeris.server and ui meet.
+
+    python app.py [--model DIR] [--host 127.0.0.1] [--port 7860] [--api-key KEY]
+
+Also the Hugging Face Space entry point (README front matter: app_file: app.py); Spaces set
+GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which are honoured. Importing this module starts
+nothing: tests call ``build_app(engine)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from typing import Any, Callable, Sequence
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+import uvicorn  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+from fastapi.responses import JSONResponse  # noqa: E402
+
+import celeris  # noqa: E402
+import ui  # noqa: E402
+from celeris.server import create_app  # noqa: E402
+from celeris.server.auth import LoopbackHostGuard, is_loopback  # noqa: E402
+from celeris.server.serve import DrainingServer  # noqa: E402
+
+try:   # Hugging Face ZeroGPU: optional; elsewhere the UI handlers run undecorated
+    import spaces  # type: ignore[import-not-found]
+    GPU_DECORATOR: Callable[[Callable], Callable] | None = spaces.GPU
+except ImportError:
+    GPU_DECORATOR = None
+
+
+# ---------------------------------------------------------------------- arguments
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    env = os.environ
+    p = argparse.ArgumentParser(prog="app.py", description="Celeris playground + OpenAI API")
+    p.add_argument("--model", default=None,
+                   help="local model directory or hub id (default: models/celeris-tiny)")
+    p.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="interface to bind (default 127.0.0.1; env GRADIO_SERVER_NAME)")
+    p.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", "7860")),
+                   help="port for the playground and the API (default 7860)")
+    p.add_argument("--api-key", default=env.get("CELERIS_API_KEY") or None,
+                   help="require this bearer key on /v1 (default: env CELERIS_API_KEY)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--ar-model", default=None,
+                   help="autoregressive twin for the Race tab (default models/celeris-tiny-ar)")
+    p.add_argument("--share", action="store_true",
+                   help="public share link (not available for the mounted app; see message)")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------------- engine
+def load_engine(model: str | None, device: str = "auto", dtype: str = "auto"
+                ) -> tuple[Any, str | None]:
+    """(engine, None) or (None, why): a missing model is reported, not raised."""
+    try:
+        engine = celeris.Engine.from_pretrained(model, device=device, dtype=dtype)
+    except (celeris.CelerisError, ValueError, FileNotFoundError, OSError) as exc:
+        return None, str(exc)
+    start = getattr(engine, "start", None)   # the background scheduler, where there is one
+    if callable(start):
+        start()
+    return engine, None
+
+
+def stop_engine(engine: Any) -> None:
+    for name in ("stop", "shutdown", "close"):
+        fn = getattr(engine, name, None)
+        if callable(fn):
+            fn()
+            return
+
+
+# ---------------------------------------------------------------------- the FastAPI app
+def no_model_api(error: str | None, host: str) -> FastAPI:
+    """The API side when no model could be loaded: the playground still starts (its Model tab
+    can load one), /health answers, and /ready and every /v1 route say why there is no model."""
+    api = FastAPI(title="Celeris", docs_url=None, redoc_url=None, openapi_url=None)
+    detail = error or "no model is loaded"
+
+    @api.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get("/ready")
+    def ready() -> JSONResponse:
+        return JSONResponse({"status": "no_model", "detail": detail}, status_code=503)
+
+    @api.api_route("/v1/{path:path}", methods=["GET", "POST"])
+    def v1(path: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": f"no model is loaded: {detail}",
+                                       "type": "model_unavailable", "code": None}},
+                            status_code=503)
+
+    if is_loopback(host):
+        api.add_middleware(LoopbackHostGuard)
+    return api
+
+
+def build_api(engine: Any, api_key: str | None, host: str, error: str | None) -> FastAPI:
+    if engine is None:
+        return no_model_api(error, host)
+    return create_app(engine, api_key=api_key, host=host)
+
+
+def build_app(engine: Any, api_key: str | None = None, *, host: str = "127.0.0.1",
+              error: str | None = None, ar_path: str | None = None,
+              concurrency: int = 4, frame_interval: float = 0.04) -> FastAPI:
+    """The one FastAPI app: /v1, /health and /ready routes first, then the playground at /."""
+    api = build_api(engine, api_key, host, error)
+    slot = ui.EngineSlot(engine, error, ar_path=ar_path, api_key_required=bool(api_key),
+                         gpu=GPU_DECORATOR, concurrency=concurrency,
+                         frame_interval=frame_interval)
+    demo = ui.build_blocks(slot)
+    demo.queue(max_size=64, default_concurrency_limit=concurrency)
+    return gr.mount_gradio_app(api, demo, path="/", theme=ui.theme(), css=ui.css(),
+                               head=ui.HEAD, ssr_mode=False, show_error=True)
+
+
+# ---------------------------------------------------------------------- serving
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def public_url(host: str, port: int) -> str:
+    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0", "::", "localhost") else host
+    return f"http://{shown}:{port}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if port_in_use(args.host, args.port):
+        print(f"error: port {args.port} is already in use on {args.host}; "
+              f"start on another one with --port {args.port + 1}", file=sys.stderr)
+        return 1
+    if args.share:
+        print("note: --share is not available when the playground is mounted next to the API; "
+              "use a Hugging Face Space or your own tunnel instead", file=sys.stderr)
+    engine, error = load_engine(args.model, args.device, args.dtype)
+    if engine is None and args.model is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if engine is None:
+        print(f"warning: {error}\n         the playground starts without a model; load one "
+              "in its Model tab", file=sys.stderr)
+    app = build_app(engine, args.api_key, host=args.host, error=error, ar_path=args.ar_model)
+    url = public_url(args.host, args.port)
+    print(f"Celeris playground: {url}   API: {url}/v1   (Ctrl+C to stop)", flush=True)
+    try:
+        make_server(app, args.host, args.port).run()
+    finally:
+        if engine is not None:
+            stop_engine(engine)
+    return 0
+
+
+def make_server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
+    """uvicorn; with a model, Ctrl+C first drains running requests (celeris.server)."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=5)   # open browser streams end too
+    state = getattr(app.state, "celeris", None)
+    return DrainingServer(config, state, 30.0) if state is not None else uvicorn.Server(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

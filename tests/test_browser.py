@@ -1,0 +1,180 @@
+"""The playground in a real browser (Playwright + Debian Chromium, headless).
+
+Opens the page, sets steps and gen length, generates and watches masks appear and all turn
+into text, checks the tokens/s gauge, opens the replay and moves the scrubber, stops a run,
+sees an invalid-settings toast, runs the race and an infill with HTML in it. Screenshots go to
+artifacts/ (git-ignored). Set CELERIS_UI_TEST_MODEL (and CELERIS_UI_TEST_AR) to model
+directories (models/celeris-tiny, models/celeris-tiny-ar) to drive the real models instead of
+random tiny ones, e.g. to refresh assets/playground.png.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.test_app import make_ar_dir, running_app
+from tests.tiny_model import make_tiny_model_dir
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+# Records the most masked cells the live canvas ever showed (frames can be faster than polling).
+WATCH_MASKS = """() => {
+  window.__maxMasks = 0;
+  const canvas = document.querySelector('#pg-canvas');
+  const count = () => {
+    const n = canvas.querySelectorAll('.tk.mask').length;
+    if (n > window.__maxMasks) window.__maxMasks = n;
+  };
+  new MutationObserver(count).observe(canvas, {subtree: true, childList: true,
+                                               attributes: true, characterData: true});
+}"""
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    import app
+
+    root = tmp_path_factory.mktemp("browser-models")
+    model = os.environ.get("CELERIS_UI_TEST_MODEL") or str(make_tiny_model_dir(
+        root / "tiny", max_position_embeddings=1100,   # EOS suppressed: runs fill the canvas
+        generation_defaults={"gen_length": 64, "block_length": 8, "suppress_eos": True}))
+    ar = os.environ.get("CELERIS_UI_TEST_AR") or make_ar_dir(root / "tiny-ar", Path(model))
+    engine, error = app.load_engine(model, device="cpu")
+    assert error is None, error
+    with running_app(engine, ar_path=str(ar)) as url:
+        yield url
+    app.stop_engine(engine)
+
+
+@pytest.fixture(scope="module")
+def page(served, chromium_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path, headless=True,
+                                    args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1360, "height": 1000})
+        page.set_default_timeout(60_000)
+        expect.set_options(timeout=30_000)
+        page.goto(served + "/")
+        page.wait_for_selector("#pg-generate")
+        yield page
+        browser.close()
+
+
+def set_number(page, elem_id: str, value) -> None:
+    """Type into a slider's number box; wait until the slider itself shows the value."""
+    from playwright.sync_api import expect
+
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+    expect(page.locator(f"#{elem_id} input[type=range]")).to_have_value(str(value))
+
+
+def state(page, gauges: str = "#pg-gauges"):
+    return page.locator(f"{gauges} [data-g=state] b")
+
+
+def test_generate_animates_the_canvas_and_fills_the_gauges(page):
+    from playwright.sync_api import expect
+
+    set_number(page, "pg-gen-length", 128)
+    set_number(page, "pg-steps", 128)
+    page.evaluate(WATCH_MASKS)
+    page.click("#pg-generate")
+    expect(state(page)).to_have_text("done")
+    assert page.evaluate("window.__maxMasks") > 64          # masks appeared first ...
+    cells = page.locator("#pg-canvas .tk")
+    expect(cells).to_have_count(128)
+    expect(page.locator("#pg-canvas .tk.mask")).to_have_count(0)   # ... and all turned
+    assert page.locator("#pg-canvas .tk.old").count() > 0            # into text
+    assert float(page.locator("#pg-gauges [data-g=tps] b").inner_text()) > 0
+    assert int(page.locator("#pg-gauges [data-g=nfe] b").inner_text()) > 0
+    page.screenshot(path=str(ARTIFACTS / "playground.png"), full_page=False)
+
+
+def test_replay_scrubber_shows_an_earlier_step(page):
+    from playwright.sync_api import expect
+
+    page.get_by_text("Replay and charts").click()
+    expect(page.locator("#pg-commits .js-plotly-plot")).to_be_visible()
+    expect(page.locator("#pg-heatmap .js-plotly-plot")).to_be_visible()
+    set_number(page, "pg-scrub", 5)
+    expect(page.locator("#pg-caption")).to_contain_text("step 5 of")
+    replay = page.locator("#pg-replay-canvas")
+    assert replay.locator(".tk.mask").count() > 100
+    assert replay.locator(".tk.new").count() >= 1
+    set_number(page, "pg-scrub", 0)
+    expect(page.locator("#pg-caption")).to_contain_text("every position masked")
+    expect(replay.locator(".tk.mask")).to_have_count(128)
+    page.locator("#pg-replay").screenshot(path=str(ARTIFACTS / "replay.png"))
+    page.get_by_text("Replay and charts").click()
+
+
+def test_stop_aborts_a_running_generation(page):
+    from playwright.sync_api import expect
+
+    if os.environ.get("CELERIS_UI_TEST_MODEL"):
+        pytest.skip("needs the random tiny model's 1,100-token context and suppressed EOS")
+    set_number(page, "pg-gen-length", 1024)
+    set_number(page, "pg-block-length", 32)
+    set_number(page, "pg-steps", 0)
+    page.click("#pg-generate")
+    expect(state(page)).to_have_text("running")
+    page.wait_for_function("document.querySelectorAll('#pg-canvas .tk.old').length > 4")
+    page.click("#pg-stop")
+    expect(state(page)).to_have_text("stopped")
+    unfilled = page.locator("#pg-canvas .tk.mask, #pg-canvas .tk.skip").count()
+    assert 0 < unfilled < 1024 - 4                             # stopped midway
+
+
+def test_invalid_settings_show_a_toast_and_the_app_keeps_working(page):
+    from playwright.sync_api import expect
+
+    set_number(page, "pg-gen-length", 64)
+    set_number(page, "pg-block-length", 12)
+    page.click("#pg-generate")
+    expect(page.get_by_text("must be a multiple of block_length").first).to_be_visible()
+    set_number(page, "pg-block-length", 16)
+    set_number(page, "pg-steps", 0)
+    page.click("#pg-generate")
+    expect(state(page)).to_have_text("done")
+    expect(page.locator("#pg-canvas .tk")).to_have_count(64)
+
+
+def test_race_view_runs_three_columns(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Race").click()
+    set_number(page, "race-gen-length", 64)
+    page.click("#race-go")
+    expect(page.locator("#race-summary")).to_contain_text("reference", timeout=120_000)
+    for column in ("ref", "fast"):
+        expect(page.locator(f"#race-{column}-stats")).to_contain_text("done")
+        assert float(page.locator(f"#race-{column}-stats [data-g=tps] b").inner_text()) > 0
+        expect(page.locator(f"#race-{column}-canvas .tk.mask")).to_have_count(0)
+    expect(page.locator("#race-ar-stats")).to_contain_text("done")
+    page.screenshot(path=str(ARTIFACTS / "race.png"), full_page=True)
+
+
+def test_infill_shows_html_in_the_text_as_text(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Infill").click()
+    page.fill("#infill-text textarea", "Story: [MASK] then <i>x</i> ${7*6} end")
+    page.click("#infill-go")
+    expect(state(page, "#infill-gauges")).to_have_text("done")
+    canvas = page.locator("#infill-canvas")
+    text = canvas.inner_text()
+    assert "<i>x</i>" in text and "${7*6}" in text and "42" not in text
+    assert canvas.locator("i").count() == 0
+    page.screenshot(path=str(ARTIFACTS / "infill.png"), full_page=True)

@@ -1,0 +1,327 @@
+"""The playground's pure helpers (ui/render, ui/trajectory, ui/settings, ui/charts, ...),
+tested without a server or a browser."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from celeris import GenerationParams
+from celeris.outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
+from ui import charts, render
+from ui.api_tab import base_url, snippets
+from ui.chat import reply_so_far
+from ui.race import race_params, race_summary, stats
+from ui.settings import FIELDS, PRESETS, build_params, preset_values, widget_values
+from ui.trajectory import Trajectory
+
+M = 99   # mask id of the fake runs below
+STRINGS = {1: "Hello", 2: " world", 3: "<b>bold</b>", 4: "", 5: "\n", 6: "${alert(1)}"}
+
+
+def token_text(ids):
+    return [STRINGS.get(t, f"t{t}") for t in ids]
+
+
+def event(step, canvas, committed, confs, block=0, block_length=2, finished=False, nfe=None):
+    return StepEvent("r1", step, block, tuple(canvas), tuple(committed), tuple(confs),
+                     step if nfe is None else nfe, 0.01 * step, "", M, block_length, finished)
+
+
+def result(text="Hello world", tokens=2, nfe=3, total=0.03, finish=FinishReason.LENGTH):
+    return GenerationResult("r1", text, tuple(range(tokens)), (), finish, nfe, nfe,
+                            Timings(total_s=total), Usage(5, tokens), seed=7)
+
+
+def run(finish=True):
+    """Canvas of 4 in blocks of 2: step 1 commits pos 1, step 2 pos 0, step 3 pos 2."""
+    traj = Trajectory(4, 2)
+    traj.add(event(1, [M, 2, M, M], [1], [0.5]), token_text)
+    traj.add(event(2, [1, 2, M, M], [0], [0.9]), token_text)
+    traj.add(event(3, [1, 2, 4, M], [2], [0.99], block=1), token_text)
+    if finish:
+        traj.finish(result())
+    return traj
+
+
+def canvas(*args, **kwargs):
+    return [render.parse_cell(c) for c in render.canvas_cells(*args, **kwargs)]
+
+
+def masked(*args):
+    return [render.parse_cell(c) for c in render.masked_cells(*args)]
+
+
+def kinds(cells):
+    return [c["k"].split()[0] for c in cells]
+
+
+# ---------------------------------------------------------------------- escaping
+@pytest.mark.parametrize("raw,forbidden", [
+    ("<script>alert(1)</script>", "<script"),
+    ('<img src=x onerror="alert(1)">', "<img"),
+    ("${document.cookie}", "${"),
+    ("`backtick`", "`"),
+    ("back\\slash", "\\"),
+    ("{{value}}", "{{"),
+])
+def test_escape_text_neutralises_html_and_template_syntax(raw, forbidden):
+    out = render.escape_text(raw)
+    assert forbidden not in out
+    assert "<" not in out and ">" not in out
+
+
+def test_escape_text_keeps_plain_text_and_round_trips():
+    import html
+    assert render.escape_text("a story, 3 + 4") == "a story, 3 + 4"
+    raw = "<b>x</b> ${y} `z` \\ {w}"
+    assert html.unescape(render.escape_text(raw)) == raw
+
+
+def test_html_in_a_pinned_prompt_token_is_shown_as_text():
+    traj = Trajectory(0, 4)
+    traj.add(event(1, [3, 6, M, 1], [2], [0.7], block_length=4), token_text)
+    cells = canvas(traj)
+    assert kinds(cells) == ["pin", "pin", "new", "pin"]
+    assert cells[0]["t"] == "&lt;b&gt;bold&lt;/b&gt;"
+    assert "${" not in cells[1]["t"] and "alert(1)" in cells[1]["t"]
+
+
+def test_token_label_makes_whitespace_and_end_visible():
+    assert render.token_label("\n") == "\u21b5"
+    assert render.token_label("") == render.END_GLYPH
+    assert render.token_label(" a") == " a"
+
+
+# ---------------------------------------------------------------------- canvas
+def test_live_canvas_distinguishes_mask_new_old_and_marks_blocks():
+    traj = run(finish=False)
+    cells = canvas(traj, live=True)
+    assert kinds(cells) == ["old", "old", "new", "mask"]
+    assert [("bs" in c["b"]) for c in cells] == [True, False, True, False]
+    assert [c["b"].split()[0] for c in cells] == ["b0", "b0", "b1", "b1"]
+    assert "act" in cells[3]["b"] and "act" not in cells[0]["b"]   # block 1 is being denoised
+    assert cells[3]["t"] == render.MASK_GLYPH
+
+
+def test_opacity_follows_confidence():
+    cells = canvas(run(finish=False))
+    assert float(cells[0]["o"]) > float(cells[1]["o"])      # 0.9 vs 0.5
+    assert cells[3]["o"] == "1.00"                          # masks are drawn at full opacity
+    assert "confidence 0.500" in cells[1]["h"]
+
+
+def test_finished_canvas_has_no_masks_and_no_fresh_cells():
+    cells = canvas(run())
+    assert kinds(cells) == ["old", "old", "old", "skip"]
+    assert "end" in cells[2]["k"] and cells[2]["t"] == render.END_GLYPH   # id 4 decodes to ""
+    assert render.canvas_summary(render.canvas_cells(run())) == \
+        {"mask": 0, "new": 0, "old": 3, "pin": 0, "skip": 1}
+
+
+def test_replay_shows_any_step_again():
+    traj = run()
+    assert kinds(canvas(traj, 0)) == ["mask"] * 4
+    assert kinds(canvas(traj, 1)) == ["mask", "new", "mask", "mask"]
+    assert kinds(canvas(traj, 2)) == ["new", "old", "mask", "mask"]
+    assert kinds(canvas(traj, 3)) == ["old", "old", "new", "skip"]   # run over
+    assert "step 2 of 3" in render.replay_caption(traj, 2)
+    assert "every position masked" in render.replay_caption(traj, 0)
+
+
+def test_masked_cells_before_the_first_step():
+    cells = masked(6, 3)
+    assert kinds(cells) == ["mask"] * 6
+    assert [("bs" in c["b"]) for c in cells] == [True, False, False, True, False, False]
+
+
+@pytest.mark.parametrize("conf,level", [(0.25, 0.25), (1.7, 1.0), (-math.log(2), 0.5),
+                                        (float("inf"), 1.0), (float("nan"), 1.0), (None, 1.0)])
+def test_confidence_level(conf, level):
+    assert render.confidence_level(conf) == pytest.approx(level)
+
+
+def test_canvas_text_joins_pinned_and_committed_tokens():
+    traj = run(finish=False)
+    assert render.canvas_text(traj) == "Hello world" + render.MASK_GLYPH
+
+
+# ---------------------------------------------------------------------- trajectory
+def test_answer_tokens_stop_at_the_first_end_of_text():
+    traj = Trajectory(4, 4)
+    traj.add(event(1, [1, 4, 2, M], [0, 1, 2], [0.9, 0.9, 0.9], block_length=4), token_text)
+    assert traj.answer_tokens() == 1
+
+
+def test_trajectory_round_trips_through_json():
+    traj = run()
+    data = json.loads(json.dumps(traj.to_dict()))
+    again = Trajectory.from_dict(data)
+    assert canvas(again, 2) == canvas(traj, 2)
+    assert again.result["text"] == "Hello world" and again.num_steps == 3
+    assert data["steps"][0] == {"step": 1, "block": 0, "nfe": 1, "elapsed": 0.01,
+                                "committed": [1], "confidences": [0.5], "tokens": [2],
+                                "text": ""}
+
+
+def test_text_at_uses_the_result_once_finished():
+    traj = run()
+    assert traj.text_at() == "Hello world"
+    assert traj.text_at(1) == ""
+
+
+# ---------------------------------------------------------------------- gauges
+def test_gauges_live_and_final():
+    live = render.trajectory_gauges(run(finish=False), None, "running")
+    assert live["nfe"] == "3" and live["elapsed"] == "0.03 s" and live["state"] == "running"
+    assert float(live["tps"]) == pytest.approx(2 / 0.03, rel=1e-2)   # "Hello", " world"
+    done = render.trajectory_gauges(run(), {"memory_kind": "rss", "memory_bytes": 3 * 2**20},
+                                    "done")
+    assert done["tps"] == f"{result().tokens_per_s:.1f}" and done["tpf"] == "0.67"
+    assert done["mem"] == "3.0 MB" and done["mem_label"] == "RSS (CPU)"
+
+
+def test_memory_gauge_labels_gpu_and_rss():
+    assert render.memory_gauge({"memory_kind": "gpu", "memory_bytes": 2**30}) == \
+        ("1.0 GB", "GPU memory")
+    assert render.memory_gauge(None) == ("-", "memory")
+    assert render.gauges()["tps"] == "0.0"
+
+
+# ---------------------------------------------------------------------- settings
+def test_build_params_maps_widget_conventions():
+    base = GenerationParams(gen_length=64, block_length=16)
+    p = build_params(base, [0, 0.0, 64.0, 16.0, 0.9, "threshold", "margin", "prefix", -1])
+    assert p.steps is None and p.seed is None and p.gen_length == 64
+    assert isinstance(p.block_length, int) and p.decoding == "threshold"
+    p = build_params(base, dict(zip(FIELDS, [8, 0.5, 32, 8, 0.8, "fixed", "entropy",
+                                             "none", 3.0])))
+    assert (p.steps, p.seed, p.temperature, p.remasking) == (8, 3, 0.5, "entropy")
+
+
+def test_build_params_invalid_combination_names_the_fields():
+    base = GenerationParams()
+    with pytest.raises(ValueError, match=r"gen_length \(64\) must be a multiple of "
+                                         r"block_length \(12\)"):
+        build_params(base, [0, 0.0, 64, 12, 0.9, "fixed", "low_confidence", "none", 0])
+    with pytest.raises(ValueError, match="decoding must be one of"):
+        build_params(base, [0, 0.0, 64, 16, 0.9, "magic", "low_confidence", "none", 0])
+    with pytest.raises(ValueError, match="expected 9 settings"):
+        build_params(base, [1, 2])
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+@pytest.mark.parametrize("gen_length", [64, 40, 8])
+def test_presets_always_give_valid_params(name, gen_length):
+    values = preset_values(name, gen_length) + [0]
+    p = build_params(GenerationParams(), values)
+    assert p.gen_length == gen_length and p.gen_length % p.block_length == 0
+
+
+def test_widget_values_invert_build_params():
+    p = GenerationParams(gen_length=64, block_length=16, steps=32, seed=5)
+    values = widget_values(p)
+    assert build_params(GenerationParams(), [values[f] for f in FIELDS]) == p
+
+
+# ---------------------------------------------------------------------- charts, race, api
+def test_charts_show_the_recorded_run():
+    traj = run()
+    assert list(charts.commits_per_step(traj).data[0].y) == [1, 1, 1]
+    conf = charts.confidence_chart(traj)
+    assert list(conf.data[0].y) == [0.5, 0.9, 0.99]
+    heat = charts.unmask_heatmap(traj).data[0]
+    assert len(heat.z) == 3 and len(heat.z[0]) == 4
+    assert heat.z[0][1] == 0.5 and heat.z[2][2] == 0.99 and heat.z[0][0] is None
+
+
+def test_race_params_and_summary():
+    ref, fast = race_params(GenerationParams(), 64, 16, 0.8)
+    assert (ref.decoding, ref.cache, ref.steps) == ("fixed", "none", None)
+    assert (fast.decoding, fast.cache, fast.threshold) == ("threshold", "prefix", 0.8)
+    results = {"ref": stats(64, 64, 1.0, "done"), "fast": stats(64, 16, 0.25, "done"),
+               "ar": stats(state="unavailable")}
+    assert race_summary(results) == "**fast**: 4.00x the reference's tokens/s (NFE 16 vs 64)"
+
+
+def test_api_snippets_and_base_url():
+    url = base_url({"host": "example.org:8000", "x-forwarded-proto": "https"})
+    assert url == "https://example.org:8000"
+    assert base_url(None) == "http://localhost:7860"
+    open_ = snippets(url, "celeris-tiny", key_required=False)
+    assert "Authorization" not in open_["curl"]
+    assert f"{url}/v1/chat/completions" in open_["curl"]
+    assert 'base_url="https://example.org:8000/v1"' in open_["openai"]
+    keyed = snippets(url, "celeris-tiny", key_required=True)
+    assert "Bearer $CELERIS_API_KEY" in keyed["curl"] and "CELERIS_API_KEY" in keyed["openai"]
+    assert 'api_name="/generate"' in keyed["gradio_client"]
+
+
+def test_plain_messages_and_chat_reply():
+    history = [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+               {"role": "assistant", "content": "hello"}]
+    assert render.plain_messages(history) == [{"role": "user", "content": "hi"},
+                                              {"role": "assistant", "content": "hello"}]
+    assert reply_so_far("Once", 16) == "Once \u2591\u2591"
+    assert reply_so_far("Once", 0) == "Once"
+
+
+def test_model_markdown():
+    assert "No model loaded" in render.model_markdown(None, "missing <dir>")
+    assert "&lt;dir&gt;" in render.model_markdown(None, "missing <dir>")
+    md = render.model_markdown({"model": "tiny", "parameters": 2_500_000, "dtype": "float32",
+                                "device": "cpu", "memory_kind": "gpu", "memory_bytes": 2**30,
+                                "defaults": {"gen_length": 64}})
+    assert "`2.50 M`" in md and "GPU memory" in md and "gen_length=64" in md
+
+
+def test_race_column_without_the_autoregressive_twin_says_why(tmp_path):
+    from ui.context import EngineSlot
+    from ui.race import run_ar
+
+    slot = EngineSlot(None, ar_path=tmp_path / "no-such-twin")
+    (text, st), = list(run_ar(slot, "hello", 8))
+    assert "Unavailable" in text and "no-such-twin" in text and st["state"] == "unavailable"
+
+
+def test_paced_drops_frames_but_never_the_finished_one():
+    from ui.context import paced
+
+    traj = run(finish=False)
+    frames = [traj] * 50
+    assert len(list(paced(iter(frames), 0.0))) == 50
+    done = run()
+    out = list(paced(iter(frames + [done]), 3600.0))
+    assert out == [traj, done]
+
+
+def test_loading_another_model_swaps_the_ui_engine_but_keeps_the_api_one():
+    from ui.context import EngineSlot
+    from ui.model_tab import make_load
+
+    class FakeEngine:
+        def __init__(self, name):
+            self.name, self.started, self.stopped = name, False, False
+
+        def start(self):
+            self.started = True
+
+        def stop(self):
+            self.stopped = True
+
+        def info(self):
+            return {"model": self.name, "parameters": 10, "memory_kind": "rss",
+                    "memory_bytes": 1}
+
+    primary = FakeEngine("served")
+    slot = EngineSlot(primary, engine_factory=lambda path, device, dtype: FakeEngine(path))
+    load = make_load(slot)
+    no_progress = lambda *args, **kwargs: None  # noqa: E731
+    info, status = load("models/b", "cpu", "auto", progress=no_progress)
+    second = slot.engine
+    assert second.name == "models/b" and second.started and "Loaded" in status
+    assert "models/b" in info and not primary.stopped      # the /v1 API still uses it
+    load("models/c", "cpu", "auto", progress=no_progress)
+    assert slot.engine.name == "models/c" and second.stopped

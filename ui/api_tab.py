@@ -1,0 +1,76 @@
+"""API tab: where the OpenAI-compatible API lives (same port as this page) and how to call it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import gradio as gr
+
+from . import render
+from .context import EngineSlot
+
+EXAMPLE_PROMPT = "Tell me a story about a brave fox."
+
+
+def base_url(headers: Mapping[str, str] | None, fallback: str = "http://localhost:7860") -> str:
+    """The URL the browser reached us at (honours a proxy's X-Forwarded-* headers)."""
+    if not headers:
+        return fallback
+    host = headers.get("x-forwarded-host") or headers.get("host")
+    if not host:
+        return fallback
+    scheme = (headers.get("x-forwarded-proto") or "http").split(",")[0].strip()
+    return f"{scheme}://{host.split(',')[0].strip()}"
+
+
+def snippets(url: str, model: str, key_required: bool) -> dict[str, str]:
+    """Copy-paste examples: curl, the openai package, and gradio_client for the live steps."""
+    body = json.dumps({"model": model, "max_tokens": 64,
+                       "messages": [{"role": "user", "content": EXAMPLE_PROMPT}]})
+    auth = ' \\\n  -H "Authorization: Bearer $CELERIS_API_KEY"' if key_required else ""
+    curl = (f"curl {url}/v1/chat/completions \\\n  -H \"Content-Type: application/json\"{auth}"
+            f" \\\n  -d '{body}'")
+    key = 'os.environ["CELERIS_API_KEY"]' if key_required else '"not-needed"'
+    openai = (f"import os\nfrom openai import OpenAI\n\nclient = OpenAI(base_url=\"{url}/v1\", "
+              f"api_key={key})\nstream = client.chat.completions.create(\n    model=\"{model}\","
+              f"\n    messages=[{{\"role\": \"user\", \"content\": \"{EXAMPLE_PROMPT}\"}}],\n"
+              "    max_tokens=64, stream=True)\nfor chunk in stream:\n"
+              "    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n")
+    client = (f"from gradio_client import Client\n\nclient = Client(\"{url}/\")\n"
+              "# prompt, as_chat, steps, temperature, gen_length, block_length, threshold,\n"
+              "# decoding, remasking, cache, seed\n"
+              f"job = client.submit(\"{EXAMPLE_PROMPT}\", True, 0, 0.0, 64, 32, 0.9,\n"
+              "                    \"threshold\", \"low_confidence\", \"prefix\", 0, "
+              "api_name=\"/generate\")\nfor canvas, text, gauges in job:   # every denoising step\n"
+              "    print(gauges[\"nfe\"], text)\n")
+    return {"curl": curl, "openai": openai, "gradio_client": client}
+
+
+def describe(url: str, key_required: bool) -> str:
+    auth = ("**An API key is required**: send `Authorization: Bearer <key>` (the key given "
+            "with `--api-key` or `CELERIS_API_KEY`)." if key_required else
+            "No API key is required (start with `--api-key` to require one).")
+    return (f"The OpenAI-compatible API is served by this same process, on this same port.\n\n"
+            f"- Base URL: `{render.escape_text(url)}/v1`\n- Health: `{render.escape_text(url)}"
+            f"/health` · models: `{render.escape_text(url)}/v1/models`\n- {auth}")
+
+
+def create_ui(slot: EngineSlot) -> None:
+    url = "http://localhost:7860"
+    initial = snippets(url, (slot.info() or {}).get("model", "celeris-tiny"),
+                       slot.api_key_required)
+    with gr.Tab("API", id="api") as tab:
+        about = gr.Markdown(describe(url, slot.api_key_required), elem_id="api-about")
+        codes = {name: gr.Code(initial[name], language=lang, label=name, interactive=False,
+                               buttons=["copy"], elem_id=f"api-{name}")
+                 for name, lang in (("curl", "shell"), ("openai", "python"),
+                                    ("gradio_client", "python"))}
+
+    def refresh(request: gr.Request) -> list[Any]:
+        url = base_url(dict(request.headers) if request else None)
+        model = (slot.info() or {}).get("model", "celeris-tiny")
+        code = snippets(url, model, slot.api_key_required)
+        return [describe(url, slot.api_key_required)] + [code[k] for k in codes]
+
+    tab.select(refresh, None, [about, *codes.values()], queue=False, api_visibility="private")

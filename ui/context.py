@@ -1,0 +1,209 @@
+"""What every tab shares: the engine slot, running requests per browser session, error toasts.
+
+The slot holds the one Engine the UI talks to (the Model tab may swap it for another local
+model), remembers which request each browser session is running so that Stop can abort it,
+and turns the engine's user errors into Gradio toasts. No sampling happens here: runs go
+through ``engine.stream`` / ``engine.stream_infill`` only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+import celeris
+from celeris import (CelerisError, EngineBusyError, EngineClosedError, GenerationResult,
+                     ModelLoadError)
+
+from .trajectory import Trajectory
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_AR_PATH = REPO_ROOT / "models" / "celeris-tiny-ar"
+NO_MODEL = ("No model is loaded. Open the Model tab to load a local model directory, or train "
+            "the shipped one: python -m celeris train --out models/celeris-tiny")
+
+
+# ---------------------------------------------------------------------- errors as toasts
+def user_error(message: str, title: str = "Error") -> gr.Error:
+    """A toast for the user's mistake: shown in the page, no traceback in the console."""
+    return gr.Error(message, title=title, print_exception=False)
+
+
+def toast(exc: BaseException) -> gr.Error:
+    """A user-facing error (engine busy, invalid settings, model missing) as a Gradio toast."""
+    if isinstance(exc, EngineBusyError):
+        return user_error(f"The engine is busy: {exc} Try again in a moment.", "Busy")
+    if isinstance(exc, EngineClosedError):
+        return user_error(f"The engine is shutting down: {exc}", "Unavailable")
+    if isinstance(exc, ModelLoadError):
+        return user_error(str(exc), "Model not loaded")
+    if isinstance(exc, ValueError):
+        return user_error(str(exc), "Invalid settings")
+    return user_error(f"{type(exc).__name__}: {exc}")
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Re-raise the engine's user errors as toasts; the app keeps working afterwards."""
+    try:
+        yield
+    except gr.Error:
+        raise
+    except (CelerisError, ValueError, FileNotFoundError) as exc:
+        raise toast(exc) from None
+
+
+# ---------------------------------------------------------------------- the engine slot
+class EngineSlot:
+    def __init__(self, engine: Any = None, error: str | None = None, *,
+                 engine_factory: Callable[..., Any] | None = None,
+                 ar_path: str | Path | None = None, api_key_required: bool = False,
+                 gpu: Callable[[Callable], Callable] | None = None, concurrency: int = 4,
+                 frame_interval: float = 0.04) -> None:
+        self.engine = engine
+        self.primary = engine   # the engine the /v1 API serves: never shut down from the UI
+        self.concurrency = concurrency   # engine-bound UI events that may run at once
+        self.frame_interval = frame_interval   # seconds between canvas frames sent (0 = all)
+        self.error = error
+        self.engine_factory = engine_factory or celeris.Engine.from_pretrained
+        self.ar_path = Path(ar_path) if ar_path else DEFAULT_AR_PATH
+        self.api_key_required = api_key_required
+        self.gpu = gpu or (lambda fn: fn)
+        self._active: dict[str, tuple[Any, str]] = {}
+        self._strings: dict[int, str] = {}
+        self._info: tuple[float, dict[str, Any] | None] = (0.0, None)
+        self._ar: Any = None
+        self._lock = threading.Lock()
+
+    # -------------------------------------------------------------- engine access
+    def require(self) -> Any:
+        if self.engine is None:
+            raise user_error(self.error or NO_MODEL, "Model not loaded")
+        return self.engine
+
+    def info(self, max_age: float = 0.5) -> dict[str, Any] | None:
+        """engine.info(), refreshed at most every ``max_age`` seconds (for live gauges)."""
+        stamp, cached = self._info
+        if self.engine is None:
+            return None
+        if cached is None or time.monotonic() - stamp > max_age:
+            cached = self.engine.info()
+            self._info = (time.monotonic(), cached)
+        return cached
+
+    def token_text(self, ids: list[int]) -> list[str]:
+        """Display strings for token ids, cached per id (the engine decodes the unseen ones)."""
+        missing = sorted({int(t) for t in ids} - self._strings.keys())
+        if missing:
+            decode = getattr(self.engine, "token_strings", None)
+            strings = decode(missing) if decode else [f"<{t}>" for t in missing]
+            self._strings.update(zip(missing, strings))
+        return [self._strings[int(t)] for t in ids]
+
+    def swap(self, engine: Any) -> Any:
+        """Make ``engine`` the UI's engine; returns the previous one (caller shuts it down)."""
+        with self._lock:
+            old, self.engine, self.error = self.engine, engine, None
+            self._strings, self._info = {}, (0.0, None)
+        return old
+
+    def load(self, path: str, device: str = "auto", dtype: str = "auto") -> Any:
+        engine = self.engine_factory(path, device=device, dtype=dtype)
+        start = getattr(engine, "start", None)
+        if callable(start):
+            start()
+        return engine
+
+    # -------------------------------------------------------------- running requests
+    def begin(self, session: str, engine: Any) -> str:
+        rid = f"ui-{uuid.uuid4().hex[:12]}"
+        with self._lock:
+            self._active[session] = (engine, rid)
+        return rid
+
+    def end(self, session: str, rid: str) -> None:
+        with self._lock:
+            if self._active.get(session, (None, None))[1] == rid:
+                del self._active[session]
+
+    def abort(self, session: str) -> bool:
+        """Abort the request this browser session is running (the Stop button)."""
+        with self._lock:
+            engine, rid = self._active.pop(session, (None, None))
+        if engine is None:
+            return False
+        engine.abort(rid)
+        return True
+
+    # -------------------------------------------------------------- the autoregressive twin
+    def ar_baseline(self) -> tuple[Any, str]:
+        """(ARBaseline or None, why not): loaded once, on first use."""
+        if self._ar is not None:
+            return self._ar, ""
+        cls = getattr(celeris, "ARBaseline", None)
+        if cls is None:
+            return None, "celeris.ARBaseline is not available in this build."
+        if not (self.ar_path / "config.json").is_file():
+            return None, f"no autoregressive twin at {self.ar_path}"
+        try:
+            self._ar = cls.from_pretrained(str(self.ar_path))
+        except Exception as exc:   # a broken twin must not take the race down
+            return None, f"could not load {self.ar_path}: {exc}"
+        return self._ar, ""
+
+
+def session_of(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "anonymous"
+
+
+def paced(frames: Iterator[Trajectory], interval: float) -> Iterator[Trajectory]:
+    """Pass a frame on only when ``interval`` seconds passed since the last one (the finished
+    run always). A fast model can take hundreds of steps a second; a browser redrawing a
+    1,000-token canvas cannot, and the skipped states are in the next frame anyway."""
+    last = float("-inf")
+    try:
+        for traj in frames:
+            now = time.monotonic()
+            if traj.finished or now - last >= interval:
+                last = now
+                yield traj
+    finally:   # closing us closes the stream (and so aborts the engine request) at once
+        close = getattr(frames, "close", None)
+        if close is not None:
+            close()
+
+
+def follow(slot: EngineSlot, session: str, engine: Any,
+           start: Callable[[str], Iterator[Any]], traj: Trajectory) -> Iterator[Trajectory]:
+    """Run one engine stream into ``traj``, yielding it after every StepEvent and at the end,
+    paced to ``slot.frame_interval``.
+
+    ``start(request_id)`` opens the stream. If the consumer stops early (Stop button, closed
+    tab), the engine request is aborted and the stream closed, so the engine is free again.
+    """
+    return paced(_follow(slot, session, engine, start, traj), slot.frame_interval)
+
+
+def _follow(slot: EngineSlot, session: str, engine: Any,
+            start: Callable[[str], Iterator[Any]], traj: Trajectory) -> Iterator[Trajectory]:
+    rid = slot.begin(session, engine)
+    done = False
+    try:
+        with user_errors(), closing(start(rid)) as events:
+            for item in events:
+                if isinstance(item, GenerationResult):
+                    traj.finish(item)
+                    done = True
+                else:
+                    traj.add(item, slot.token_text)
+                yield traj
+    finally:
+        if not done:
+            engine.abort(rid)
+        slot.end(session, rid)

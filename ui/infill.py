@@ -1,0 +1,84 @@
+"""Infill tab: text with [MASK] spans anywhere; the model fills them, every other word pinned.
+
+Runs through ``engine.stream_infill``: each [MASK] becomes ``span`` masked positions and the
+rest of the text stays fixed on the canvas (drawn as pinned cells).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import gradio as gr
+
+from celeris.params import DECODINGS
+
+from . import render, widgets
+from .context import EngineSlot, follow, session_of, user_error, user_errors
+from .examples import examples
+from .playground import make_stop_gauges
+from .trajectory import Trajectory
+
+MARKER = "[MASK]"
+
+
+def check_infill_text(text: str) -> str:
+    if not isinstance(text, str) or MARKER not in text:
+        raise user_error(f"Put at least one {MARKER} where the model should write.",
+                         "Nothing to fill")
+    return text
+
+
+def infill_frame(traj: Trajectory, prefix: str, slot: EngineSlot) -> tuple[Any, ...]:
+    state = "running"
+    if traj.finished:
+        state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
+    return (render.canvas_cells(traj, live=not traj.finished),
+            prefix + render.canvas_text(traj), render.trajectory_gauges(traj, slot.info(), state))
+
+
+def make_fill(slot: EngineSlot):
+    @slot.gpu
+    def fill(text: str, span: float, decoding: str, request: gr.Request
+             ) -> Iterator[tuple[Any, ...]]:
+        """Fill the [MASK] spans of ``text``; yields (canvas cells, filled text, gauges)."""
+        engine = slot.require()
+        text = check_infill_text(text)
+        with user_errors():
+            params = engine.default_params().replace(decoding=decoding)
+        prefix = text.split(MARKER)[0]
+        traj = Trajectory(0, params.block_length, prompt=text, params=params.to_dict())
+        start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
+                                                 marker=MARKER, request_id=rid)
+        yield [], "", render.gauges(info=slot.info(), state="running")
+        for traj in follow(slot, session_of(request), engine, start, traj):
+            yield infill_frame(traj, prefix, slot)
+    return fill
+
+
+def create_ui(slot: EngineSlot) -> None:
+    samples = examples("infill")
+    with gr.Tab("Infill", id="infill"):
+        gr.Markdown(f"Write {MARKER} where the model should fill in text. Everything else is "
+                    "pinned: it stays fixed and the model writes around it.")
+        text = gr.Textbox(samples[0] if samples else f"Once upon a time {MARKER}.", lines=3,
+                          label="text with [MASK] spans", elem_id="infill-text")
+        with gr.Row():
+            span = gr.Slider(1, 64, value=4, step=1, label="tokens per [MASK]",
+                             elem_id="infill-span")
+            decoding = gr.Dropdown(list(DECODINGS), value="fixed", label="decoding",
+                                   elem_id="infill-decoding")
+        with gr.Row():
+            go = gr.Button("Fill", variant="primary", elem_id="infill-go")
+            stop = gr.Button("Stop", variant="stop", elem_id="infill-stop")
+        canvas = widgets.canvas("infill-canvas", "Pinned words appear in green, the spans "
+                                "fill in step by step.")
+        gauge = widgets.gauges("infill-gauges")
+        filled = gr.Textbox(label="filled text", lines=3, interactive=False,
+                            elem_id="infill-result")
+        if samples:
+            gr.Examples([[s] for s in samples], [text], label="examples")
+    event = go.click(make_fill(slot), [text, span, decoding], [canvas, filled, gauge],
+                     api_name="infill", concurrency_id="engine",
+                     concurrency_limit=slot.concurrency, show_progress="hidden")
+    stop.click(make_stop_gauges(slot), gauge, gauge, cancels=[event], queue=False,
+               api_visibility="private")

@@ -1,0 +1,185 @@
+"""Playground tab: prompt -> a live canvas of masks turning into text, gauges, replay, charts.
+
+The canvas is fed by the engine's real StepEvents as they happen (``engine.stream``); after
+the run, the recorded trajectory drives the replay scrubber, three plotly charts and the JSON
+download. Stop cancels the Gradio event and aborts the engine request.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+
+from celeris.params import GenerationParams
+
+from . import charts, render, widgets
+from .context import EngineSlot, follow, session_of, user_error, user_errors
+from .examples import examples
+from .settings import build_params, preset_values
+from .trajectory import Trajectory
+
+DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "celeris-ui"
+
+
+def prompt_input(prompt: str, as_chat: bool) -> str | list[dict[str, str]]:
+    """The prompt as the engine takes it: plain text, or one user message (chat template)."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise user_error("Type a prompt first.", "Empty prompt")
+    return [{"role": "user", "content": prompt}] if as_chat else prompt
+
+
+def params_from(slot: EngineSlot, values: tuple[Any, ...]) -> GenerationParams:
+    with user_errors():
+        return build_params(slot.require().default_params(), values)
+
+
+def frame(traj: Trajectory, slot: EngineSlot) -> tuple[Any, ...]:
+    """One streaming update: canvas cells, answer text, gauges (summary and state skipped)."""
+    if traj.finished:
+        state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
+        return (render.canvas_cells(traj), traj.text_at(), render.trajectory_gauges(
+            traj, slot.info(0.0), state), render.run_summary(traj), traj.to_dict())
+    return (render.canvas_cells(traj, live=True), traj.text_at(),
+            render.trajectory_gauges(traj, slot.info(), "running"), gr.skip(), gr.skip())
+
+
+def make_generate(slot: EngineSlot):
+    @slot.gpu
+    def generate(prompt: str, as_chat: bool, steps: float, temperature: float,
+                 gen_length: float, block_length: float, threshold: float, decoding: str,
+                 remasking: str, cache: str, seed: float, request: gr.Request
+                 ) -> Iterator[tuple[Any, ...]]:
+        """Generate with live denoising steps: yields (canvas cells, text, gauges, summary)
+        after every step."""
+        engine = slot.require()
+        params = params_from(slot, (steps, temperature, gen_length, block_length, threshold,
+                                    decoding, remasking, cache, seed))
+        message = prompt_input(prompt, as_chat)
+        traj = Trajectory(params.gen_length, params.block_length, prompt=prompt,
+                          params=params.to_dict())
+        yield (render.masked_cells(params.gen_length, params.block_length), "",
+               render.gauges(info=slot.info(), state="running"), "", gr.skip())
+        start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
+        for traj in follow(slot, session_of(request), engine, start, traj):
+            yield frame(traj, slot)
+    return generate
+
+
+def make_stop(slot: EngineSlot):
+    def stop(request: gr.Request) -> None:
+        slot.abort(session_of(request))
+    return stop
+
+
+def make_stop_gauges(slot: EngineSlot):
+    """Stop for a tab with gauges: abort, and show "stopped" (the cancelled run sends no
+    final frame)."""
+    def stop(gauges: dict[str, str] | None, request: gr.Request) -> dict[str, str]:
+        aborted = slot.abort(session_of(request))
+        out = dict(gauges or render.gauges())
+        if aborted or out.get("state") == "running":
+            out["state"] = "stopped"
+        return out
+    return stop
+
+
+def write_trajectory(traj: Trajectory) -> str:
+    DOWNLOAD_DIR.mkdir(parents=True, exist_ok=True)
+    path = DOWNLOAD_DIR / f"celeris-trajectory-{traj.request_id or 'run'}.json"
+    path.write_text(json.dumps(traj.to_dict(), indent=1), encoding="utf-8")
+    return str(path)
+
+
+def after_run(data: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Charts, replay slider and download for the finished run."""
+    if not data:
+        return tuple(gr.skip() for _ in range(7))
+    traj = Trajectory.from_dict(data)
+    n = traj.num_steps
+    return (gr.Slider(minimum=0, maximum=max(n, 1), value=n, step=1),
+            render.replay_caption(traj, n), render.canvas_cells(traj, n),
+            charts.commits_per_step(traj), charts.confidence_chart(traj),
+            charts.unmask_heatmap(traj), gr.DownloadButton(value=write_trajectory(traj),
+                                                           interactive=True))
+
+
+def replay_at(data: dict[str, Any] | None, step: float) -> tuple[Any, str]:
+    if not data:
+        return [], "Run a generation first."
+    traj = Trajectory.from_dict(data)
+    k = max(0, min(int(step), traj.num_steps))
+    return render.canvas_cells(traj, k), render.replay_caption(traj, k)
+
+
+def _replay_section() -> dict[str, Any]:
+    with gr.Accordion("Replay and charts", open=False, elem_id="pg-replay"):
+        out = {"scrub": gr.Slider(0, 1, value=0, step=1, label="replay: step",
+                                  elem_id="pg-scrub"),
+               "caption": gr.Markdown("Run a generation first.", elem_id="pg-caption"),
+               "canvas": widgets.canvas("pg-replay-canvas", "After a run, drag the slider "
+                                        "to show any step again.")}
+        with gr.Row():
+            out["commits"] = gr.Plot(label="tokens committed per step", elem_id="pg-commits")
+            out["conf"] = gr.Plot(label="confidence", elem_id="pg-confidence")
+        out["heat"] = gr.Plot(label="unmask order", elem_id="pg-heatmap")
+        out["download"] = gr.DownloadButton("Download trajectory (JSON)", interactive=False,
+                                            elem_id="pg-download")
+    return out
+
+
+def _prompt_column() -> dict[str, Any]:
+    prompts = [(e["prompt"], e.get("chat", True)) for e in examples("playground")]
+    first = prompts[0] if prompts else ("", True)
+    parts = {"prompt": gr.Textbox(first[0], lines=3, label="prompt", elem_id="pg-prompt"),
+          "as_chat": gr.Checkbox(first[1], label="chat message", elem_id="pg-chat",
+                                 info="wrap the prompt in the model's chat template")}
+    with gr.Row():
+        parts["run"] = gr.Button("Generate", variant="primary", elem_id="pg-generate")
+        parts["stop"] = gr.Button("Stop", variant="stop", elem_id="pg-stop")
+    parts["canvas"] = widgets.canvas("pg-canvas")
+    widgets.legend()
+    parts["gauges"] = widgets.gauges("pg-gauges")
+    parts["answer"] = gr.Textbox(label="answer (committed prefix)", lines=3, interactive=False,
+                              elem_id="pg-answer")
+    parts["summary"] = gr.Markdown(elem_id="pg-summary")
+    if prompts:
+        gr.Examples([list(p) for p in prompts], [parts["prompt"], parts["as_chat"]],
+                    label="example prompts")
+    return parts
+
+
+def create_ui(slot: EngineSlot) -> None:
+    defaults = slot.engine.default_params() if slot.engine else GenerationParams()
+    with gr.Tab("Playground", id="playground"):
+        with gr.Row():
+            with gr.Column(scale=3):
+                parts = _prompt_column()
+            with gr.Column(scale=2):
+                preset = widgets.preset_radio("pg-preset")
+                controls = widgets.generation_controls(defaults, "pg")
+        traj_state = gr.State(None)
+        replay = _replay_section()
+    _wire(slot, parts, preset, controls, traj_state, replay)
+
+
+def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: list[Any],
+          traj_state: gr.State, replay: dict[str, Any]) -> None:
+    event = parts["run"].click(
+        make_generate(slot), [parts["prompt"], parts["as_chat"], *controls],
+        [parts["canvas"], parts["answer"], parts["gauges"], parts["summary"], traj_state],
+        api_name="generate", concurrency_id="engine", concurrency_limit=slot.concurrency,
+        show_progress="hidden")
+    event.then(after_run, traj_state,
+               [replay[k] for k in ("scrub", "caption", "canvas", "commits", "conf", "heat",
+                                    "download")], api_visibility="private", show_progress="hidden")
+    parts["stop"].click(make_stop_gauges(slot), parts["gauges"], parts["gauges"], cancels=[event],
+                     queue=False, api_visibility="private")
+    preset.input(preset_values, [preset, controls[2]], controls[:-1], api_visibility="private",
+                 queue=False)
+    replay["scrub"].change(replay_at, [traj_state, replay["scrub"]],
+                           [replay["canvas"], replay["caption"]], api_visibility="private",
+                           show_progress="hidden", queue=False)

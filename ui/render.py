@@ -1,0 +1,197 @@
+"""Pure render helpers: everything the UI shows, computed without Gradio or a browser.
+
+The canvas and gauge components are ``gr.HTML`` templates over plain lists/dicts (see
+ui/widgets.py), so a streaming update sends only the cells that changed. Gradio renders those
+templates with Handlebars and then evaluates the result as a JavaScript template literal, so
+user text is escaped here for both: HTML metacharacters and ``$ ` \\ { }``.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any, Iterable, Sequence
+
+from .trajectory import MASK, NEW, OLD, PINNED, SKIPPED, Trajectory
+
+MASK_GLYPH = "\u2591\u2591"      # light shade: a position still masked
+END_GLYPH = "\u2205"             # empty set: an end-of-text / special token
+SKIP_GLYPH = "\u00b7"            # middle dot: never needed (the run ended before it)
+_TEMPLATE_ESCAPES = {"$": "&#36;", "`": "&#96;", "\\": "&#92;", "{": "&#123;", "}": "&#125;"}
+
+
+# ---------------------------------------------------------------------- escaping
+def escape_text(text: str) -> str:
+    """User or model text -> safe inside an HTML template (tags, entities and template
+    syntax all shown literally)."""
+    out = html.escape(str(text), quote=True)
+    return "".join(_TEMPLATE_ESCAPES.get(ch, ch) for ch in out)
+
+
+def token_label(text: str) -> str:
+    """How one token reads on the canvas: whitespace made visible, then escaped."""
+    if text == "":
+        return END_GLYPH
+    shown = text.replace("\n", "\u21b5").replace("\t", "\u21e5")
+    return escape_text(shown)
+
+
+# ---------------------------------------------------------------------- the canvas
+def confidence_level(conf: float | None) -> float:
+    """Map a confidence onto [0, 1] for drawing. Probabilities and margins already lie there;
+    negative entropies (<= 0) go through exp(); anything non-finite counts as sure."""
+    if conf is None or not math.isfinite(conf):
+        return 1.0
+    if conf < 0:
+        return math.exp(conf)
+    return min(conf, 1.0)
+
+
+CELL_FIELDS = ("k", "b", "o", "h", "t")
+
+
+def cell(kind: str, text: str, conf: float | None, pos: int, block_length: int,
+         active_block: int | None) -> str:
+    """One canvas cell as a tab-separated string (kind classes, block classes, opacity, hover,
+    label). Strings, not dicts: the browser keeps each update's value in reactive state, and
+    plain strings cost a fraction of objects there. The label is escaped and has no tabs."""
+    block = pos // max(block_length, 1)
+    b = f"b{block % 2}" + (" bs" if pos % max(block_length, 1) == 0 else "")
+    if active_block is not None and block == active_block:
+        b += " act"
+    label = {MASK: MASK_GLYPH, SKIPPED: SKIP_GLYPH}.get(kind) or token_label(text)
+    k = kind + (" end" if kind in (NEW, OLD, PINNED) and text == "" else "")
+    level = confidence_level(conf) if kind in (NEW, OLD) else 1.0
+    hover = f"position {pos}, block {block}"
+    if conf is not None and kind in (NEW, OLD):
+        hover += f", confidence {conf:.3f}"
+    return "\t".join((k, b, f"{0.3 + 0.7 * level:.2f}", hover, label))
+
+
+def parse_cell(value: str) -> dict[str, str]:
+    """A cell string back into its fields (k, b, o, h, t)."""
+    return dict(zip(CELL_FIELDS, value.split("\t", len(CELL_FIELDS) - 1)))
+
+
+def canvas_cells(traj: Trajectory, step: int | None = None, live: bool = False
+                 ) -> list[str]:
+    """The canvas after ``step`` (None = the latest). ``live`` highlights the active block."""
+    record = traj.record_at(traj.num_steps if step is None else step)
+    active = record.block if (live and record and not traj.finished) else None
+    return [cell(kind, text, conf, pos, traj.block_length, active)
+            for pos, (kind, text, conf) in enumerate(traj.state_at(step))]
+
+
+def masked_cells(gen_length: int, block_length: int) -> list[str]:
+    """The canvas before the first step: every position masked."""
+    return [cell(MASK, "", None, pos, block_length, 0) for pos in range(gen_length)]
+
+
+def canvas_text(traj: Trajectory, step: int | None = None) -> str:
+    """The canvas as plain text: pinned and committed tokens, masks as a shade glyph."""
+    return "".join(MASK_GLYPH if kind == MASK else text
+                   for kind, text, _ in traj.state_at(step) if kind != SKIPPED)
+
+
+def canvas_summary(cells: Iterable[str]) -> dict[str, int]:
+    """Counts of each kind of cell."""
+    counts = {MASK: 0, NEW: 0, OLD: 0, PINNED: 0, SKIPPED: 0}
+    for c in cells:
+        counts[c.split(None, 1)[0]] += 1
+    return counts
+
+
+# ---------------------------------------------------------------------- gauges
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB") else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def memory_gauge(info: dict[str, Any] | None) -> tuple[str, str]:
+    """(value, label): GPU memory on CUDA, process RSS on CPU, labelled which."""
+    if not info or "memory_bytes" not in info:
+        return "-", "memory"
+    kind = "GPU memory" if info.get("memory_kind") == "gpu" else "RSS (CPU)"
+    return format_bytes(info["memory_bytes"]), kind
+
+
+def gauges(tokens: int = 0, nfe: int = 0, elapsed: float = 0.0,
+           info: dict[str, Any] | None = None, state: str = "idle",
+           tokens_per_s: float | None = None) -> dict[str, str]:
+    """Gauge tiles: tokens/s, tokens per forward, NFE, elapsed, memory (strings, diffable).
+
+    tokens_per_s overrides tokens/elapsed with the engine's own figure once a run is done.
+    """
+    tps = tokens_per_s if tokens_per_s is not None else (tokens / elapsed if elapsed > 0 else 0.0)
+    mem, mem_label = memory_gauge(info)
+    return {"tps": f"{tps:.1f}", "tpf": f"{tokens / nfe:.2f}" if nfe else "0.00",
+            "nfe": str(nfe), "elapsed": f"{elapsed:.2f} s", "mem": mem, "mem_label": mem_label,
+            "state": state}
+
+
+def trajectory_gauges(traj: Trajectory, info: dict[str, Any] | None, state: str
+                      ) -> dict[str, str]:
+    if traj.result is not None:
+        r = traj.result
+        return gauges(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], info, state,
+                      tokens_per_s=r["tokens_per_s"])
+    last = traj.steps[-1] if traj.steps else None
+    return gauges(traj.answer_tokens(), last.nfe if last else 0,
+                  last.elapsed if last else 0.0, info, state)
+
+
+# ---------------------------------------------------------------------- small text blocks
+def run_summary(traj: Trajectory) -> str:
+    """One Markdown line under the canvas after a run."""
+    r = traj.result
+    if r is None:
+        return ""
+    return (f"**{r['finish_reason']}** · {r['usage']['completion_tokens']} tokens in "
+            f"{r['steps']} steps · NFE {r['nfe']} · {r['tokens_per_forward']:.2f} tokens/forward"
+            f" · {r['tokens_per_s']:.1f} tokens/s · seed {r['seed']}")
+
+
+def replay_caption(traj: Trajectory, step: int) -> str:
+    rec = traj.record_at(step)
+    if step <= 0 or rec is None:
+        return f"step 0 of {traj.num_steps}: every position masked"
+    fresh = len(rec.committed) if rec.step == step else 0
+    return (f"step {step} of {traj.num_steps} · block {rec.block} · {fresh} committed this "
+            f"step · NFE {rec.nfe} · {rec.elapsed:.2f} s")
+
+
+def model_markdown(info: dict[str, Any] | None, error: str | None = None) -> str:
+    """The Model tab's description of the loaded model."""
+    if not info:
+        return f"**No model loaded.** {escape_text(error or '')}"
+    mem, label = memory_gauge(info)
+    rows = [("name", info.get("model")), ("path", info.get("path")),
+            ("architecture", info.get("architecture")),
+            ("parameters", f"{info.get('parameters', 0) / 1e6:.2f} M"),
+            ("dtype", info.get("dtype")), ("device", info.get("device")),
+            ("context length", info.get("context_length")), (label, mem)]
+    lines = ["| property | value |", "|---|---|"] + [f"| {k} | `{v}` |" for k, v in rows]
+    defaults = info.get("defaults") or {}
+    if defaults:
+        shown = ", ".join(f"{k}={v}" for k, v in defaults.items() if v not in (None, [], ()))
+        lines += ["", f"**Generation defaults:** `{shown}`"]
+    return "\n".join(lines)
+
+
+def plain_messages(history: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """Gradio 6 chat history -> [{role, content: str}] (content may be a list of blocks)."""
+    out = []
+    for msg in history:
+        content = msg.get("content")
+        if isinstance(content, (list, tuple)):
+            content = "".join(b.get("text", "") if isinstance(b, dict) else str(b)
+                              for b in content)
+        elif isinstance(content, dict):
+            content = content.get("text", "")
+        out.append({"role": msg.get("role", "user"), "content": str(content or "")})
+    return out

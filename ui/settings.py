@@ -1,0 +1,88 @@
+"""Generation settings as the UI shows them: presets and the widget values -> GenerationParams.
+
+Pure functions (no Gradio) so that they are unit-tested without a browser. Validation is left
+to ``GenerationParams`` itself: its ValueError names the field and the allowed range, and the
+UI shows that message as a toast.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from celeris.params import CACHES, DECODINGS, REMASKINGS, GenerationParams
+
+# The order of the generation widgets everywhere in the UI (and of the /generate API inputs).
+FIELDS: tuple[str, ...] = ("steps", "temperature", "gen_length", "block_length", "threshold",
+                           "decoding", "remasking", "cache", "seed")
+INT_FIELDS = frozenset({"steps", "gen_length", "block_length", "seed"})
+
+DECODING_CHOICES = DECODINGS
+REMASKING_CHOICES = REMASKINGS
+CACHE_CHOICES = CACHES
+
+# fast: commit everything above the threshold and reuse the prompt's KV cache (Fast-dLLM);
+# balanced: the same rule with a stricter threshold and the exact (uncached) forward;
+# quality: the reference linear schedule, one token per step, no cache (LLaDA's sampler).
+PRESETS: dict[str, dict[str, Any]] = {
+    "fast": {"decoding": "threshold", "threshold": 0.9, "cache": "prefix", "steps": 0,
+             "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
+    "balanced": {"decoding": "threshold", "threshold": 0.95, "cache": "none", "steps": 0,
+                 "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
+    "quality": {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
+                "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
+}
+
+
+def widget_values(params: GenerationParams) -> dict[str, Any]:
+    """The widget values that show ``params`` (steps None -> 0, seed None -> -1)."""
+    values = {name: getattr(params, name) for name in FIELDS}
+    values["steps"] = 0 if params.steps is None else params.steps
+    values["seed"] = -1 if params.seed is None else params.seed
+    return values
+
+
+def preset_values(name: str, gen_length: int) -> list[Any]:
+    """Widget values for a preset, in FIELDS order; gen_length is kept as the user set it."""
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {name!r}")
+    preset = dict(PRESETS[name], gen_length=gen_length)
+    block = min(preset["block_length"], gen_length)
+    while gen_length % block:       # keep the combination valid for any gen_length
+        block -= 1
+    preset["block_length"] = block
+    return [preset.get(f) for f in FIELDS if f != "seed"]
+
+
+def _as_int(name: str, value: Any) -> Any:
+    """Sliders hand back floats; whole numbers become ints, anything else is left for
+    GenerationParams to reject with its own message."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return value
+
+
+def build_params(base: GenerationParams, values: Sequence[Any] | dict[str, Any]
+                 ) -> GenerationParams:
+    """GenerationParams from widget values (FIELDS order or a mapping) over ``base``.
+
+    steps 0 or empty means "one token per step" (None); seed -1 or empty means random (None).
+    Raises ValueError with GenerationParams' message for an invalid combination.
+    """
+    if not isinstance(values, dict):
+        if len(values) != len(FIELDS):
+            raise ValueError(f"expected {len(FIELDS)} settings ({', '.join(FIELDS)}), "
+                             f"got {len(values)}")
+        values = dict(zip(FIELDS, values))
+    changes: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in INT_FIELDS:
+            value = _as_int(name, value)
+        changes[name] = value
+    if changes.get("steps") in (0, None, ""):
+        changes["steps"] = None
+    if changes.get("seed") in (-1, None, ""):
+        changes["seed"] = None
+    return GenerationParams.from_dict(changes, base=base)

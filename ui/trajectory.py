@@ -1,0 +1,144 @@
+"""The record of one run: which position was committed at which step, with what confidence.
+
+Built from the engine's StepEvents as they arrive; it drives the live canvas, the replay
+scrubber, the charts and the JSON download. Pure Python (no Gradio, no torch), stored in a
+``gr.State`` as a plain dict (``to_dict``/``from_dict``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from celeris.outputs import GenerationResult, StepEvent
+
+TokenText = Callable[[Sequence[int]], list[str]]   # ids -> one display string per id
+
+# Kinds of canvas positions (the CSS classes of the canvas cells).
+MASK, NEW, OLD, PINNED, SKIPPED = "mask", "new", "old", "pin", "skip"
+
+
+@dataclass
+class StepRecord:
+    step: int
+    block: int
+    nfe: int
+    elapsed: float
+    committed: list[int]
+    confidences: list[float]
+    tokens: list[int]        # the ids committed, aligned with ``committed``
+    text: str
+
+
+@dataclass
+class Trajectory:
+    gen_length: int
+    block_length: int
+    mask_id: int = -1
+    request_id: str = ""
+    prompt: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    pinned: dict[int, int] = field(default_factory=dict)         # position -> token id
+    steps: list[StepRecord] = field(default_factory=list)
+    strings: dict[int, str] = field(default_factory=dict)        # position -> display string
+    result: dict[str, Any] | None = None
+
+    # ------------------------------------------------------------------ recording
+    def add(self, ev: StepEvent, token_text: TokenText) -> None:
+        """Record one StepEvent; the first one also fixes the canvas geometry and pins."""
+        if not self.steps and self.mask_id < 0:
+            self._first_event(ev, token_text)
+        tokens = [ev.canvas[p] for p in ev.committed]
+        for pos, s in zip(ev.committed, token_text(tokens)):
+            self.strings[pos] = s
+        self.steps.append(StepRecord(ev.step, ev.block, ev.nfe, ev.elapsed, list(ev.committed),
+                                     list(ev.confidences), tokens, ev.text))
+
+    def _first_event(self, ev: StepEvent, token_text: TokenText) -> None:
+        self.mask_id, self.request_id = ev.mask_id, ev.request_id
+        self.gen_length, self.block_length = len(ev.canvas), ev.block_length
+        fresh = set(ev.committed)
+        self.pinned = {p: t for p, t in enumerate(ev.canvas) if t != ev.mask_id and p not in fresh}
+        for (pos, _), s in zip(self.pinned.items(), token_text(list(self.pinned.values()))):
+            self.strings[pos] = s
+
+    def finish(self, result: GenerationResult) -> None:
+        self.result = result.to_dict()
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_steps(self) -> int:
+        return self.steps[-1].step if self.steps else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    def commit_steps(self) -> dict[int, tuple[int, float]]:
+        """position -> (step it was committed at, its confidence)."""
+        out: dict[int, tuple[int, float]] = {}
+        for rec in self.steps:
+            for pos, conf in zip(rec.committed, rec.confidences):
+                out[pos] = (rec.step, conf)
+        return out
+
+    def state_at(self, step: int | None = None) -> list[tuple[str, str, float | None]]:
+        """(kind, text, confidence) per position as it stood after ``step`` (None = the latest;
+        once finished, nothing counts as NEW there).
+
+        Positions still masked when the run finished are SKIPPED: the run ended (EOS with
+        early stop, or Stop) before they were needed.
+        """
+        last = self.num_steps if step is None else step
+        fresh = last if not (step is None and self.finished) else -1
+        commits = self.commit_steps()
+        ended = self.finished and last >= self.num_steps
+        cells = []
+        for pos in range(self.gen_length):
+            text = self.strings.get(pos, "")
+            if pos in self.pinned:
+                cells.append((PINNED, text, None))
+            elif pos in commits and commits[pos][0] <= last:
+                s, conf = commits[pos]
+                cells.append((NEW if s == fresh else OLD, text, conf))
+            else:
+                cells.append((SKIPPED if ended else MASK, "", None))
+        return cells
+
+    def text_at(self, step: int | None = None) -> str:
+        """The committed-prefix text after ``step`` (the final text when finished)."""
+        if step is None or step >= self.num_steps:
+            if self.result is not None:
+                return self.result["text"]
+            return self.steps[-1].text if self.steps else ""
+        before = [r.text for r in self.steps if r.step <= step]
+        return before[-1] if before else ""
+
+    def record_at(self, step: int) -> StepRecord | None:
+        found = [r for r in self.steps if r.step <= step]
+        return found[-1] if found else None
+
+    def answer_tokens(self, step: int | None = None) -> int:
+        """Committed (non-pinned) positions before the first end-of-text cell (shown as "")."""
+        count = 0
+        for kind, text, _ in self.state_at(step):
+            if kind in (NEW, OLD):
+                if text == "":
+                    break
+                count += 1
+        return count
+
+    # ------------------------------------------------------------------ (de)serialising
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["pinned"] = {str(k): v for k, v in self.pinned.items()}
+        out["strings"] = {str(k): v for k, v in self.strings.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Trajectory":
+        data = dict(data)
+        data["pinned"] = {int(k): v for k, v in data.get("pinned", {}).items()}
+        data["strings"] = {int(k): v for k, v in data.get("strings", {}).items()}
+        data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
+        return cls(**data)
