@@ -115,6 +115,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         report = evaluate(model=args.model, kind=args.kind,
                           overrides=generation_overrides(args), limit=args.limit,
                           device=args.device)
+        if args.card and not args.model:
+            raise ValueError("--card needs --model (the directory to write the card into)")
+        if args.card:
+            from celeris.train.card import card_samples, write_card
+            path = write_card(args.model, report, card_samples(args.model, args.kind, report))
+            print(f"wrote {path}", file=sys.stderr)
     except user_errors() as exc:
         return error(exc)
     print(json.dumps(report) if args.json else format_report(report))
@@ -201,6 +207,8 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="examples per task")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--card", action="store_true",
+                   help="also write README.md (model card) and eval.json into --model")
     add_generation_options(p)
     p.set_defaults(func=cmd_eval)
 
