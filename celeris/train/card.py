@@ -23,6 +23,12 @@ LIMITATIONS = (
 )
 
 
+def _train_command(log: dict[str, Any]) -> str:
+    kind = " --kind ar" if log.get("kind") == "ar" else ""
+    return (f"CELERIS_THREADS={log.get('threads', 1)} python -m celeris train{kind} "
+            f"--out {log.get('out')} --steps {log.get('steps')} --seed {log.get('seed')}")
+
+
 def _curve_summary(log: dict[str, Any]) -> list[str]:
     curve = log.get("curve") or []
     if not curve:
@@ -92,13 +98,15 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         "by a stable hash and never appear in training.", "",
         "```json", json.dumps(describe(), indent=1), "```", "",
         "## Training", "",
-        f"- command: `{log.get('command') or command or 'python -m celeris train'}`",
+        f"- command: `{command or _train_command(log)}`",
         f"- steps: {log.get('steps')}, tokens seen: {log.get('tokens_seen', 0):,}, "
         f"wall time: {log.get('wall_time_s', 0) / 60:.1f} min, "
         f"throughput: {log.get('tokens_per_s', 0):,.0f} tokens/s",
         f"- machine: {machine.get('cpu', machine)}; torch threads: {log.get('threads')}; "
         f"device: {log.get('device')}",
-        f"- seed: {log.get('seed')}; final training loss: {log.get('final_loss')}", "",
+        f"- seed: {log.get('seed')}; final training loss: {float(log.get('final_loss') or 0):.3f}; "
+        "the run shared the machine with other jobs, so its wall time is not a clean "
+        "throughput figure (same seed, same thread count -> the same loss curve)", "",
         *_curve_summary(log), "",
         "## Evaluation (held-out)", "",
         f"Command: `python -m celeris eval --model models/{name}"
