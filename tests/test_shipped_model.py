@@ -1,0 +1,77 @@
+"""The shipped models load, decode and score as their model cards say.
+
+Thresholds come from each model's eval.json (written with its README by
+``python -m celeris eval --model DIR --card``), minus a margin for the smaller slice used here,
+so a broken loader, tokenizer or sampler fails CI.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from celeris import Engine
+from celeris.train import evaluate
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "models" / "celeris-tiny"
+TWIN = REPO / "models" / "celeris-tiny-ar"
+SLICE = 8            # held-out problems per task
+MARGIN = 0.15        # accuracy points allowed below the card on the slice
+LOSS_MARGIN = 0.25   # nats above the card's held-out masked loss
+
+
+def _card(model_dir: Path) -> dict:
+    return json.loads((model_dir / "eval.json").read_text())
+
+
+def test_shipped_model_scores_as_its_card_says():
+    card = _card(TINY)
+    report = evaluate(str(TINY), limit=SLICE, device="cpu")
+    assert report["mean_accuracy"] >= card["mean_accuracy"] - MARGIN
+    assert report["masked_loss"] <= card["masked_loss"] + LOSS_MARGIN
+    assert report["masked_loss"] < 5.0     # random weights score ~log(vocab) = 7.2
+
+
+def test_default_engine_is_the_shipped_model_and_writes_stories():
+    engine = Engine.from_pretrained(device="cpu")
+    assert engine.model_dir.resolve() == TINY.resolve()
+    params = engine.default_params().replace(gen_length=32, block_length=32, steps=32)
+    result = engine.generate("Once upon a time", params)
+    words = result.text.split()
+    assert len(words) >= 3
+    assert result.finish_reason.value in ("stop", "length")
+
+
+def test_generate_cli_uses_the_shipped_model_without_model_flag():
+    proc = subprocess.run([sys.executable, "-m", "celeris", "generate", "--prompt",
+                           "Once upon a time", "--gen-length", "32", "--block-length", "32",
+                           "--steps", "32", "--json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["text"].strip() and out["steps"] <= 32 and out["nfe"] == out["steps"]
+    assert out["tokens_per_s"] > 0
+
+
+def test_ar_twin_loads_with_plain_transformers_and_matches_its_card():
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(TWIN)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    diffusion = json.loads((TINY / "config.json").read_text())
+    assert model.config.hidden_size == diffusion["hidden_size"]
+    assert model.config.num_hidden_layers == diffusion["num_hidden_layers"]
+    card = _card(TWIN)
+    report = evaluate(str(TWIN), kind="ar", limit=SLICE, device="cpu")
+    assert report["mean_accuracy"] >= card["mean_accuracy"] - MARGIN
+
+
+@pytest.mark.parametrize("model_dir", [TINY, TWIN])
+def test_model_cards_quote_the_measured_accuracy(model_dir):
+    card, text = _card(model_dir), (model_dir / "README.md").read_text()
+    assert f"**{card['mean_accuracy']:.1%}**" in text
+    assert "## Training" in text and "## Limitations" in text
