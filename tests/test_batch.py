@@ -19,18 +19,13 @@ from celeris import GenerationParams, cli
 from celeris.batch.jobs import read_jobs, resolve_params, stable_seed
 from celeris.batch.runners import RemoteRunner, retry_after_s
 from celeris.batch.store import meta_path
-from tests.test_bench_fixture import tiny_model_dir
+from tests.test_bench_fixture import one_thread, tiny_model_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 N_JOBS = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

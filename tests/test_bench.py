@@ -11,19 +11,13 @@ import torch
 from celeris import cli
 from celeris.bench.decode import REFERENCE, best_config
 from celeris.bench.lengths import length_plan
-from tests.test_bench_fixture import tiny_ar_dir, tiny_model_dir
+from tests.test_bench_fixture import one_thread, tiny_ar_dir, tiny_model_dir  # noqa: F401
 
 GEN, BLOCK = 16, 8
 SUITES = ("decode", "ar", "lengths", "serve", "invariance", "gpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two torch threads on two shared cores spin against each other (100x slower here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+import torch
+
 from tests.tiny_model import make_tiny_model_dir
 
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors")
@@ -47,3 +50,12 @@ def test_tiny_dirs_load_as_engine_and_ar_twin(tmp_path):
     messages = [{"role": "user", "content": "copy: 1 2 3"}]
     assert ar.encode(messages) == engine.tokenizer.encode_prompt(messages)
     assert ar.info()["context_length"] == engine.info()["context_length"]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Two torch threads on two shared cores spin against each other (100x slower here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

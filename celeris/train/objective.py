@@ -49,6 +49,17 @@ def diffusion_loss(logits: torch.Tensor, input_ids: torch.Tensor, masked: torch.
     return (ce * weight).sum() / input_ids.shape[0]
 
 
+def right_pad(chunk: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, real): sequences right-padded to one length, and which positions are real."""
+    L = max(len(s) for s in chunk)
+    ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
+    real = torch.zeros((len(chunk), L), dtype=torch.bool)
+    for j, s in enumerate(chunk):
+        ids[j, :len(s)] = torch.tensor(s)
+        real[j, :len(s)] = True
+    return ids, real
+
+
 @torch.no_grad()
 def masked_eval_loss(model, sequences: list[list[int]], mask_id: int, pad_id: int,
                      ratios: tuple[float, ...] = (0.15, 0.5, 0.85), seed: int = 0,
@@ -68,13 +79,7 @@ def masked_eval_loss(model, sequences: list[list[int]], mask_id: int, pad_id: in
     for r in ratios:
         total, count = 0.0, 0
         for i in range(0, len(sequences), batch_size):
-            chunk = sequences[i:i + batch_size]
-            L = max(len(s) for s in chunk)
-            ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
-            real = torch.zeros((len(chunk), L), dtype=torch.bool)
-            for j, s in enumerate(chunk):
-                ids[j, :len(s)] = torch.tensor(s)
-                real[j, :len(s)] = True
+            ids, real = right_pad(sequences[i:i + batch_size], pad_id)
             maskable = real.clone()
             maskable[:, :skip_first] = False
             u = torch.rand(ids.shape, generator=g)
@@ -106,13 +111,8 @@ def ar_eval_loss(model, sequences: list[list[int]], pad_id: int, batch_size: int
     model.eval()
     total, count = 0.0, 0
     for i in range(0, len(sequences), batch_size):
-        chunk = sequences[i:i + batch_size]
-        L = max(len(s) for s in chunk)
-        ids = torch.full((len(chunk), L), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(chunk), L), dtype=torch.long)
-        for j, s in enumerate(chunk):
-            ids[j, :len(s)] = torch.tensor(s)
-            attn[j, :len(s)] = 1
+        ids, real = right_pad(sequences[i:i + batch_size], pad_id)
+        attn = real.long()
         with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
                             enabled=autocast):
             logits = model(ids.to(device), attention_mask=attn.to(device)).logits
