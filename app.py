@@ -65,18 +65,11 @@ def load_engine(model: str | None, device: str = "auto", dtype: str = "auto"
         engine = celeris.Engine.from_pretrained(model, device=device, dtype=dtype)
     except (celeris.CelerisError, ValueError, FileNotFoundError, OSError) as exc:
         return None, str(exc)
-    start = getattr(engine, "start", None)   # the background scheduler, where there is one
-    if callable(start):
-        start()
-    return engine, None
+    return engine.start(), None   # the background scheduler: UI and /v1 share its batches
 
 
 def stop_engine(engine: Any) -> None:
-    for name in ("stop", "shutdown", "close"):
-        fn = getattr(engine, name, None)
-        if callable(fn):
-            fn()
-            return
+    engine.stop()
 
 
 # ---------------------------------------------------------------------- the FastAPI app

@@ -115,9 +115,7 @@ class EngineSlot:
 
     def load(self, path: str, device: str = "auto", dtype: str = "auto") -> Any:
         engine = self.engine_factory(path, device=device, dtype=dtype)
-        start = getattr(engine, "start", None)
-        if callable(start):
-            start()
+        engine.start()
         return engine
 
     # -------------------------------------------------------------- running requests

@@ -9,15 +9,6 @@ from . import render
 from .context import EngineSlot, user_error, user_errors
 
 
-def shutdown(engine: object) -> None:
-    """Stop an engine's background scheduler, if it has one."""
-    for name in ("stop", "shutdown", "close"):
-        fn = getattr(engine, name, None)
-        if callable(fn):
-            fn()
-            return
-
-
 def make_load(slot: EngineSlot):
     def load(path: str, device: str, dtype: str, progress=gr.Progress()) -> tuple[str, str]:
         """Load a local model directory and make it the UI's engine."""
@@ -30,7 +21,7 @@ def make_load(slot: EngineSlot):
         progress(0.9, desc="switching the playground to the new model")
         old = slot.swap(engine)
         if old is not None and old is not engine and old is not slot.primary:
-            shutdown(old)
+            old.stop()
         progress(1.0, desc="ready")
         info = slot.info(0.0)
         return render.model_markdown(info), f"Loaded **{info.get('model')}** from `{path}`."
