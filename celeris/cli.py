@@ -97,7 +97,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         summary = train(out=args.out, minutes=args.minutes, steps=args.steps,
                         device=args.device, resume=args.resume, seed=args.seed,
-                        kind=args.kind, preset=args.preset)
+                        kind=args.kind, preset=args.preset, init_from=args.init_from,
+                        **({} if args.lr is None else {"lr": args.lr}))
     except user_errors() as exc:
         return error(exc)
     items = ", ".join(f"{k}={_format_value(v)}" for k, v in (summary or {}).items()
@@ -197,6 +198,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"))
     p.add_argument("--preset", default=None, help="model/data preset name")
+    p.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: the preset's)")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="diffusion: start from this trained model's weights and tokenizer "
+                        "(e.g. the AR twin; AR-to-diffusion adaptation)")
     p.set_defaults(func=cmd_train)
 
 

@@ -149,9 +149,15 @@ def test_train_dispatch(monkeypatch, capsys):
     _fake_train_module(monkeypatch, train=train)
     assert cli.main(["train", "--out", "models/x", "--minutes", "1.5", "--kind", "ar"]) == 0
     assert calls == [{"out": "models/x", "minutes": 1.5, "steps": None, "device": "cpu",
-                      "resume": False, "seed": 0, "kind": "ar", "preset": None}]
+                      "resume": False, "seed": 0, "kind": "ar", "preset": None,
+                      "init_from": None}]
     out = capsys.readouterr().out.strip()
     assert out.count("\n") == 0 and "steps=10" in out and "val_loss=4.123" in out
+    assert cli.main(["train", "--out", "models/y", "--steps", "40", "--init-from", "models/x",
+                     "--lr", "1e-3"]) == 0
+    assert calls[-1] == {"out": "models/y", "minutes": None, "steps": 40, "device": "cpu",
+                         "resume": False, "seed": 0, "kind": "diffusion", "preset": None,
+                         "init_from": "models/x", "lr": 1e-3}
 
 
 def test_eval_dispatch_table_and_json(monkeypatch, capsys):

@@ -16,6 +16,7 @@ from celeris.train import corpus, tasks
 from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher
 from celeris.train.objective import diffusion_loss, mask_batch
+from celeris.train.trainer import TRAIN_PRESETS, build_model, load_init_weights, round_vocab
 
 
 # --------------------------------------------------------------------------- tasks
@@ -100,9 +101,13 @@ def test_tokenizer_special_ids_chat_template_and_round_trip(tok_dir):
                  "x  y\n\n 1234 zebra!", corpus.stories(1, seed=5)[0]):
         ids = hf(text, add_special_tokens=False)["input_ids"]
         assert hf.decode(ids) == text
-    # digits are split individually, so numbers are digit sequences
-    ids = raw.encode("12345 907", add_special_tokens=False).ids
-    assert [raw.id_to_token(i) for i in ids] == ["1", "2", "3", "4", "5", "Ġ", "9", "0", "7"]
+    # every digit is its own token; a space before a digit travels with it
+    pieces = [p for p, _ in raw.pre_tokenizer.pre_tokenize_str("add: 12 + 907=19")]
+    assert pieces == ["add", ":", "Ġ1", "2", "Ġ+", "Ġ9", "0", "7", "=", "1", "9"]
+    for text in ("12345 907", " 5 42 100"):
+        toks = [raw.id_to_token(i) for i in raw.encode(text, add_special_tokens=False).ids]
+        assert max(sum(c.isdigit() for c in t) for t in toks) <= 1
+        assert "".join(toks).replace("Ġ", " ") == text
     assert hf("Once")["input_ids"][0] == 1            # a plain prompt starts with BOS
     cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
     assert cfg["chat_template"] == tt.CHAT_TEMPLATE
@@ -236,3 +241,65 @@ def test_saved_ar_twin_loads_with_plain_transformers(micro_models, one_thread):
     assert model.config.hidden_size == dlm["hidden_size"]
     report = evaluate(str(d), kind="ar", limit=2, overrides={"gen_length": 8})
     assert report["kind"] == "ar" and set(report["tasks"]) == set(tasks.TASKS)
+
+
+def test_diffusion_training_can_start_from_the_ar_twin(micro_models, tmp_path, one_thread):
+    """AR-to-diffusion adaptation: weights and tokenizer come from the AR twin, the run is
+    recorded in the log, resuming checks the source, and bad sources are refused by name."""
+    from safetensors.torch import load_file
+
+    src = micro_models / "ar"
+    out = tmp_path / "adapted"
+    ar = load_file(str(src / "model.safetensors"))
+    vocab = round_vocab(tt.load_raw(src).get_vocab_size())
+    model = build_model("diffusion", "micro", vocab)
+    info = load_init_weights(model, src)
+    assert info["kind"] == "ar" and info["steps"] == 6
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, ar[name]), name
+    other = build_model("diffusion", "micro", vocab + 64)
+    with pytest.raises(ValueError, match="embed_tokens.weight has shape"):
+        load_init_weights(other, src)
+    _train(out, steps=4, stop_at=2, init_from=src)
+    assert (out / "tokenizer.json").read_text() == (src / "tokenizer.json").read_text()
+    done = _train(out, steps=4, resume=True, init_from=src)
+    assert done["steps"] == 4
+    log = json.loads((out / "train_log.json").read_text())
+    assert log["init_from"] == str(src) and log["init_info"]["kind"] == "ar"
+    assert log["init_info"]["steps"] == 6
+    with pytest.raises(ValueError, match="init_from"):
+        _train(out, steps=4, resume=True)                   # resumed without its source
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        _train(tmp_path / "x", steps=2, init_from=tmp_path / "nowhere")
+    with pytest.raises(ValueError, match="kind='diffusion'"):
+        _train(tmp_path / "y", steps=2, kind="ar", init_from=src)
+
+
+def test_tiny_preset_tokenizer_spells_list_items_as_one_or_two_tokens():
+    """The shipped recipe's tokenizer: " 7" is one token, " 41" two (" 4" "1"), no space tokens."""
+    tp = TRAIN_PRESETS["tiny"]
+    tok = tt.train_tokenizer(corpus.tokenizer_corpus(tp["tokenizer_texts"], seed=0),
+                             vocab_size=tp["vocab_size"])
+    for d in range(10):
+        assert len(tok.encode(f" {d}", add_special_tokens=False).ids) == 1
+    assert [tok.id_to_token(i) for i in tok.encode("copy: 41 7 93", add_special_tokens=False).ids] \
+        == ["copy", ":", "Ġ4", "1", "Ġ7", "Ġ9", "3"]
+
+
+def test_model_card_names_the_initialisation_and_the_exact_command():
+    from celeris.train.card import _init_lines, _train_command
+
+    log = {"kind": "diffusion", "preset": "tiny", "out": "models/celeris-tiny", "steps": 3000,
+           "seed": 0, "threads": 2, "train_config": {"lr": 1e-3},
+           "init_from": "models/celeris-tiny-ar",
+           "init_info": {"path": "models/celeris-tiny-ar", "kind": "ar", "steps": 8000,
+                         "tokens_seen": 1234567, "wall_time_s": 2700.0}}
+    assert _train_command(log) == ("CELERIS_THREADS=2 python -m celeris train --out "
+                                   "models/celeris-tiny --steps 3000 --seed 0 --init-from "
+                                   "models/celeris-tiny-ar --lr 0.001")
+    (line,) = _init_lines(log)
+    assert "models/celeris-tiny-ar" in line and "8000 steps" in line and "1,234,567" in line
+    assert "45.0 min" in line
+    plain = {**log, "init_from": None, "init_info": None, "train_config": {"lr": 2e-3}}
+    assert _init_lines(plain) == []
+    assert _train_command(plain).endswith("--steps 3000 --seed 0")

@@ -24,9 +24,27 @@ LIMITATIONS = (
 
 
 def _train_command(log: dict[str, Any]) -> str:
+    from celeris.train.trainer import TRAIN_PRESETS
+
     kind = " --kind ar" if log.get("kind") == "ar" else ""
+    extra = f" --init-from {log['init_from']}" if log.get("init_from") else ""
+    lr = (log.get("train_config") or {}).get("lr")
+    default_lr = TRAIN_PRESETS.get(log.get("preset") or "tiny", {}).get("lr")
+    if lr is not None and lr != default_lr:
+        extra += f" --lr {lr:g}"
     return (f"CELERIS_THREADS={log.get('threads', 1)} python -m celeris train{kind} "
-            f"--out {log.get('out')} --steps {log.get('steps')} --seed {log.get('seed')}")
+            f"--out {log.get('out')} --steps {log.get('steps')} --seed {log.get('seed')}{extra}")
+
+
+def _init_lines(log: dict[str, Any]) -> list[str]:
+    info = log.get("init_info")
+    if not info:
+        return []
+    return [f"- initialised from `{info.get('path')}` ({info.get('kind')} model: "
+            f"{info.get('steps')} steps, {info.get('tokens_seen') or 0:,} tokens, "
+            f"{(info.get('wall_time_s') or 0) / 60:.1f} min), then trained with the masked-"
+            "diffusion objective below (AR-to-diffusion adaptation, as Dream-7B from Qwen2.5); "
+            "its total training compute is the sum of both runs"]
 
 
 def _curve_summary(log: dict[str, Any]) -> list[str]:
@@ -98,6 +116,7 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         "by a stable hash and never appear in training.", "",
         "```json", json.dumps(describe(), indent=1), "```", "",
         "## Training", "",
+        *_init_lines(log),
         f"- command: `{command or _train_command(log)}`",
         f"- steps: {log.get('steps')}, tokens seen: {log.get('tokens_seen', 0):,}, "
         f"wall time: {log.get('wall_time_s', 0) / 60:.1f} min, "

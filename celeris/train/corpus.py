@@ -452,8 +452,8 @@ class Mix:
     request: chat story requests ("Tell me a story about a cat.") answered with a story.
     """
 
-    story: float = 0.25
-    task: float = 0.60
+    story: float = 0.20
+    task: float = 0.65
     request: float = 0.15
     task_weights: tuple[tuple[str, float], ...] = (("copy", 1.0), ("reverse", 1.0),
                                                    ("sort", 1.5), ("add", 1.5), ("max", 0.75),

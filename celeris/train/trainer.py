@@ -47,7 +47,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # Optimisation and data settings per preset.
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
-                 betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=4096, prefix_prob=0.25,
+                 betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
                  tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE, eval_stories=128,
                  log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
@@ -217,11 +217,36 @@ def save_final(model, out: Path, kind: str) -> None:
     write_generation_config(out, kind)
 
 
+def load_init_weights(model, src: Path) -> dict[str, Any]:
+    """Copy a trained model's weights (same parameter names and shapes: our AR twin is a Llama
+    with the diffusion model's layout) into ``model``. Returns what the source's own training
+    log says about it (steps, tokens), for the model card."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(src / "model.safetensors"))
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state))
+    if missing:
+        raise ValueError(f"init_from: {src} lacks {len(missing)} weight(s) the model needs, "
+                         f"e.g. {missing[0]!r}; it must be a model of the same preset")
+    for name, t in own.items():
+        if tuple(state[name].shape) != tuple(t.shape):
+            raise ValueError(f"init_from: {name} has shape {tuple(state[name].shape)} in {src}, "
+                             f"the model needs {tuple(t.shape)}; use a model of the same preset")
+    model.load_state_dict({k: state[k] for k in own}, strict=True)
+    info: dict[str, Any] = {"path": str(src)}
+    log_path = src / "train_log.json"
+    if log_path.is_file():
+        log = json.loads(log_path.read_text())
+        info.update({k: log.get(k) for k in ("kind", "steps", "tokens_seen", "wall_time_s")})
+    return info
+
+
 # ----------------------------------------------------------------------------- train
 def train(out: str | Path, *, minutes: float | None = None, steps: int | None = None,
           device: str = "cpu", resume: bool = False, seed: int = 0, kind: str = "diffusion",
           preset: str | None = "tiny", progress: bool = True, stop_at: int | None = None,
-          **overrides: Any) -> dict[str, Any]:
+          init_from: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
     """Train a model into ``out``; returns a summary dict (also in ``out/train_log.json``).
 
     steps:   optimizer steps (deterministic budget; the cosine schedule spans them).
@@ -230,6 +255,9 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     resume:  continue from the latest checkpoint in ``out/checkpoints`` (same settings).
     stop_at: stop (with a checkpoint) after this step, as an interruption would; the run can
              then be resumed (tests).
+    init_from: (diffusion only) start from the weights and tokenizer of a trained model of the
+             same preset, e.g. the AR twin: AR-to-diffusion adaptation as Dream-7B does from
+             Qwen2.5 (shifted logits keep each position's prediction where the AR model put it).
     overrides: settings of ``TRAIN_PRESETS`` to change (e.g. tokens_per_batch=2048, lr=1e-3).
     """
     preset = preset or "tiny"
@@ -248,6 +276,15 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         raise ValueError(f"unknown training setting(s): {', '.join(unknown)}; "
                          f"known: {', '.join(TRAIN_PRESETS[preset])}")
     tp = {**TRAIN_PRESETS[preset], **overrides}
+    if not (isinstance(tp["lr"], (int, float)) and 0 < tp["lr"] <= 1):
+        raise ValueError(f"lr must be in (0, 1], got {tp['lr']!r}")
+    if init_from is not None:
+        if kind != "diffusion":
+            raise ValueError("init_from is for kind='diffusion' (adapting a trained model)")
+        init_from = Path(init_from)
+        if not (init_from / "model.safetensors").is_file() or not tt.has_tokenizer(init_from):
+            raise FileNotFoundError(f"init_from: {init_from} needs model.safetensors and the "
+                                    f"tokenizer files ({', '.join(tt.TOKENIZER_FILES)})")
     threads = set_threads()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -260,8 +297,10 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
               file=sys.stderr)
     if ckpt is not None:
         meta = ckpt["meta"]
-        for key, want in (("kind", kind), ("preset", preset), ("seed", seed)):
-            if meta[key] != want:
+        init_name = None if init_from is None else str(init_from)
+        for key, want in (("kind", kind), ("preset", preset), ("seed", seed),
+                          ("init_from", init_name)):
+            if meta.get(key) != want:
                 raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
                                  f"{key}={meta[key]!r}, not {want!r}")
         tp = meta["train_config"]
@@ -272,6 +311,9 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     # --- tokenizer (reused when resuming)
     if ckpt is not None and tt.has_tokenizer(out):
         tok = tt.load_raw(out)
+    elif init_from is not None:
+        tt.copy_tokenizer(init_from, out)
+        tok = tt.load_raw(out)
     else:
         tok = tt.train_tokenizer(_corpus.tokenizer_corpus(tp["tokenizer_texts"], seed=seed),
                                  vocab_size=tp["vocab_size"])
@@ -281,6 +323,9 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     # --- model, optimizer, schedule, data
     torch.manual_seed(seed)
     model = build_model(kind, preset, vocab).to(device)
+    init_info = None
+    if init_from is not None and ckpt is None:
+        init_info = load_init_weights(model, init_from)
     model.train()
     opt = make_optimizer(model, tp)
     schedule_steps = steps if steps is not None else (ckpt["meta"]["schedule_steps"]
@@ -306,6 +351,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         gen.set_state(ckpt["gen_state"])
         torch.set_rng_state(ckpt["torch_rng"])
         step, tokens_seen = ckpt["step"], ckpt["tokens_seen"]
+        init_info = ckpt["meta"].get("init_info")
         losses, curve, evals = ckpt["losses"], ckpt["curve"], ckpt["evals"]
         prior_wall = ckpt["wall_time_s"]
     n_params = sum(p.numel() for p in model.parameters())
@@ -313,6 +359,8 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
 
     def meta() -> dict[str, Any]:
         return {"kind": kind, "preset": preset, "seed": seed, "train_config": tp,
+                "init_from": None if init_from is None else str(init_from),
+                "init_info": init_info,
                 "schedule_steps": box["total"], "steps_given": steps is not None,
                 "warmup_steps": warmup}
 
@@ -330,6 +378,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         tail = losses[-50:]
         data = {
             "kind": kind, "preset": preset, "seed": seed, "out": str(out),
+            "init_from": None if init_from is None else str(init_from), "init_info": init_info,
             "model_config": model.config.to_dict(), "params": n_params,
             "train_config": tp, "schedule_steps": box["total"], "warmup_steps": warmup,
             "steps": step, "tokens_seen": tokens_seen, "wall_time_s": round(wall, 1),
