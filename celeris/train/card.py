@@ -104,8 +104,9 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         ("A tiny masked diffusion language model (LLaDA-style, bidirectional, Dream-style shifted "
          "logits) trained by Celeris itself, offline, on generated data. It is the default model "
          "of the Celeris engine and playground." if kind == "diffusion" else
-         "The autoregressive twin of `celeris-tiny`: same size, same data, same number of "
-         "steps, next-token objective. A plain `LlamaForCausalLM`: "
+         "The autoregressive twin of `celeris-tiny`: same size, same data stream, same "
+         "tokenizer, next-token objective (the shipped `celeris-tiny` starts from these weights "
+         "and adds masked-diffusion training; see its card). A plain `LlamaForCausalLM`: "
          "`transformers.AutoModelForCausalLM.from_pretrained` loads it with no Celeris code."),
         "", "## Architecture", "", *_arch(config, log.get("n_params") or report.get("n_params")),
         "", "## Corpus", "",

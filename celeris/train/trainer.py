@@ -1,8 +1,12 @@
 """Train the shipped tiny models on CPU: the masked-diffusion ``celeris-tiny`` and its
-autoregressive twin ``celeris-tiny-ar`` (same size, same data, same steps).
+autoregressive twin ``celeris-tiny-ar`` (same size, same data stream, same tokenizer).
 
     train("models/celeris-tiny", steps=N, seed=0)                  # masked diffusion (LLaDA)
     train("models/celeris-tiny-ar", steps=N, seed=0, kind="ar")    # LlamaForCausalLM twin
+
+The shipped recipe trains the twin first (8000 steps) and then adapts its weights to masked
+diffusion (``init_from="models/celeris-tiny-ar"``, 4000 steps, lr 1e-3), as Dream-7B was
+adapted from Qwen2.5; the model cards record both commands.
 
 A run is deterministic for a seed on one machine and thread count (``CELERIS_THREADS``):
 model init from ``torch.manual_seed``, data from a seeded ``random.Random``, masking from a
