@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from celeris.train.corpus import describe
+from celeris.train.trainer import TRAIN_PRESETS
 
 LIMITATIONS = (
     "A few-million-parameter model trained for about an hour on a 2-core CPU: it knows only its "
@@ -24,8 +25,6 @@ LIMITATIONS = (
 
 
 def _train_command(log: dict[str, Any]) -> str:
-    from celeris.train.trainer import TRAIN_PRESETS
-
     kind = " --kind ar" if log.get("kind") == "ar" else ""
     extra = f" --init-from {log['init_from']}" if log.get("init_from") else ""
     lr = (log.get("train_config") or {}).get("lr")

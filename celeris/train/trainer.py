@@ -289,6 +289,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         if not (init_from / "model.safetensors").is_file() or not tt.has_tokenizer(init_from):
             raise FileNotFoundError(f"init_from: {init_from} needs model.safetensors and the "
                                     f"tokenizer files ({', '.join(tt.TOKENIZER_FILES)})")
+    init_name = None if init_from is None else str(init_from)   # as logged and checked
     threads = set_threads()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -301,12 +302,11 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
               file=sys.stderr)
     if ckpt is not None:
         meta = ckpt["meta"]
-        init_name = None if init_from is None else str(init_from)
         for key, want in (("kind", kind), ("preset", preset), ("seed", seed),
                           ("init_from", init_name)):
             if meta.get(key) != want:
                 raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
-                                 f"{key}={meta[key]!r}, not {want!r}")
+                                 f"{key}={meta.get(key)!r}, not {want!r}")
         tp = meta["train_config"]
         if steps is not None and steps != meta["schedule_steps"] and meta["steps_given"]:
             raise ValueError(f"cannot resume {ckpt_path} with steps={steps}: the run's cosine "
@@ -363,8 +363,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
 
     def meta() -> dict[str, Any]:
         return {"kind": kind, "preset": preset, "seed": seed, "train_config": tp,
-                "init_from": None if init_from is None else str(init_from),
-                "init_info": init_info,
+                "init_from": init_name, "init_info": init_info,
                 "schedule_steps": box["total"], "steps_given": steps is not None,
                 "warmup_steps": warmup}
 
@@ -382,7 +381,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         tail = losses[-50:]
         data = {
             "kind": kind, "preset": preset, "seed": seed, "out": str(out),
-            "init_from": None if init_from is None else str(init_from), "init_info": init_info,
+            "init_from": init_name, "init_info": init_info,
             "model_config": model.config.to_dict(), "params": n_params,
             "train_config": tp, "schedule_steps": box["total"], "warmup_steps": warmup,
             "steps": step, "tokens_seen": tokens_seen, "wall_time_s": round(wall, 1),
