@@ -23,10 +23,11 @@ step, lists of 3..8 items, seed 0; 2026-11-29):
 
 A large output vocabulary with many item symbols keeps the model on the plateau (an earlier
 run of the same layout was still at chance after 1,000 steps, also with tied embeddings), and
-multi-token items from a 10-symbol alphabet are slow. The shipped tokenizer therefore writes a
-number as digits with the space fused to the first one (no separator tokens, item starts from
-20 symbols); the shipped diffusion model also starts from its AR twin's weights, which already
-copy (see the model card).
+multi-token items from a 10-symbol alphabet are slow. The shipped recipe follows from this:
+the tokenizer writes a number as digits with the space fused to the first one (no separator
+tokens), the list tasks use single-digit items (one token each, 20 symbols counting the bare
+first digit of an answer), and the diffusion model starts from its AR twin's weights (see the
+model card).
 """
 
 from __future__ import annotations

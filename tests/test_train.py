@@ -34,8 +34,17 @@ def test_task_answers_are_exact():
             assert tasks.score(task, f"  {ex.answer}\n", ex.answer)
             assert not tasks.score(task, ex.answer + " 1", ex.answer)
             if task in ("copy", "reverse", "sort"):
-                n = len(ex.answer.split())
-                assert tasks.LIST_MIN <= n <= tasks.LIST_MAX
+                items = ex.answer.split()
+                assert tasks.LIST_MIN <= len(items) <= tasks.LIST_MAX
+                assert all(0 <= int(x) <= tasks.ITEM_MAX for x in items)
+            if task == "add":
+                addends = [int(x) for x in ex.prompt.split(":")[1].split("+")]
+                assert all(0 <= a < 10 ** tasks.ADD_DIGITS for a in addends)
+    # the sizes the tiny models are trained for: single-digit items, two-digit addends
+    assert (tasks.ITEM_MAX, tasks.ADD_DIGITS) == (9, 2)
+    sizes = {len(e.prompt.split(":")[1].split("+")[0].strip())
+             for e in tasks.make_examples("add", 200, seed=1)}
+    assert sizes == {1, 2}
     with pytest.raises(ValueError):
         tasks.make_examples("divide", 1)
 
