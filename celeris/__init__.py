@@ -8,11 +8,12 @@ from .outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
 from .params import GenerationParams
 
 __version__ = "0.1.0"
-from .engine import AsyncEngine, ContextLengthError, Engine, cut_at_stop, memory_info
+from .engine import (AsyncEngine, ContextLengthError, Engine, cut_at_stop, memory_info,
+                     split_infill)
 from .ar_baseline import ARBaseline
 
 __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "StepEvent",
            "FinishReason", "Timings", "Usage", "CelerisError", "ModelLoadError",
            "EngineBusyError", "EngineClosedError", "CelerisConfig", "CelerisForMaskedDiffusion",
            "LLaDAConfig", "DreamConfig", "load_model", "cut_at_stop", "memory_info",
-           "AsyncEngine", "ContextLengthError"]
+           "AsyncEngine", "ContextLengthError", "split_infill"]

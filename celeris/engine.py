@@ -130,7 +130,7 @@ class Engine:
                        marker: str) -> tuple[list[int], list[int], GenerationParams]:
         if not isinstance(span, int) or not 1 <= span <= 64:
             raise ValueError(f"span must be an integer in [1, 64], got {span!r}")
-        parts = text.split(marker)
+        parts = split_infill(text, marker)
         if len(parts) < 2:
             raise ValueError(f"infill text must contain at least one {marker} span")
         mask, eos = self.special.mask, self.special.stop[0]
@@ -386,6 +386,19 @@ class AsyncEngine:
 
 def _is_ids(prompt: Any) -> bool:
     return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
+
+
+def split_infill(text: str, marker: str = "[MASK]") -> list[str]:
+    """The pinned pieces of an infill text around its ``marker`` spans.
+
+    A space right before a span moves into the span: byte-level BPE and SentencePiece
+    vocabularies spell a word with its leading space (``" cat"``), so ``"a [MASK]"`` must
+    become ``"a"`` + masked positions, not ``"a "`` + a lone space token the model never saw
+    in training followed by space-less words.
+    """
+    parts = text.split(marker)
+    return [p[:-1] if i < len(parts) - 1 and p.endswith(" ") else p
+            for i, p in enumerate(parts)]
 
 
 def new_request_id() -> str:

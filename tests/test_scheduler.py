@@ -140,6 +140,18 @@ def test_stream_yields_events_then_result_and_infill_matches_inline(make_engine)
                 infill_inline[-1])
 
 
+def test_infill_moves_the_space_before_a_span_into_the_span(make_engine):
+    assert celeris.split_infill("Once upon a [MASK] there [MASK]") == ["Once upon a", " there", ""]
+    assert celeris.split_infill("x[MASK]y  [MASK]. ") == ["x", "y ", ". "]   # one space only
+    engine = make_engine()
+    tok = engine.tokenizer
+    ids, canvas, _ = engine.infill_request("Once upon a [MASK] there was", None, 2, "[MASK]")
+    assert ids == tok.encode("Once upon a")
+    mask = engine.special.mask
+    assert canvas[:2] == [mask, mask] and canvas[2:2 + len(tok.encode(" there was"))] == \
+        tok.encode(" there was")
+
+
 def test_reserve_refuses_beyond_running_plus_queue_before_tokenising(make_engine, monkeypatch):
     engine = make_engine(max_running=1, max_queue=1)
     slow_down(engine, 0.02)

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import gradio as gr
 
+from celeris import split_infill
 from celeris.params import DECODINGS
 
 from . import render, widgets
@@ -45,7 +46,7 @@ def make_fill(slot: EngineSlot):
         text = check_infill_text(text)
         with user_errors():
             params = engine.default_params().replace(decoding=decoding)
-        prefix = text.split(MARKER)[0]
+        prefix = split_infill(text, MARKER)[0]
         traj = Trajectory(0, params.block_length, prompt=text, params=params.to_dict())
         start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
                                                  marker=MARKER, request_id=rid)
