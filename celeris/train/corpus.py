@@ -455,9 +455,9 @@ class Mix:
     story: float = 0.20
     task: float = 0.65
     request: float = 0.15
-    task_weights: tuple[tuple[str, float], ...] = (("copy", 1.0), ("reverse", 1.0),
-                                                   ("sort", 1.5), ("add", 2.0), ("max", 0.5),
-                                                   ("count", 0.5))
+    task_weights: tuple[tuple[str, float], ...] = (("copy", 0.5), ("reverse", 1.25),
+                                                   ("sort", 1.5), ("add", 3.0), ("max", 0.25),
+                                                   ("count", 0.25))
 
     def sources(self) -> tuple[tuple[str, float], ...]:
         return (("story", self.story), ("task", self.task), ("request", self.request))
