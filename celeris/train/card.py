@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from celeris.train.corpus import describe
-from celeris.train.tasks import ADD_DIGITS, LIST_MAX, LIST_MIN
+from celeris.train.tasks import ADD_DIGITS, ITEM_MAX, LIST_MAX, LIST_MIN
 from celeris.train.trainer import TRAIN_PRESETS
 
 LIMITATIONS = (
@@ -26,8 +26,8 @@ LIMITATIONS = (
 DIFFUSION_LIMITATIONS = (
     "Stories decoded with wide blocks often lose a noun (`a happy old.` for `a happy old man.`): "
     "predictions two or more positions ahead of the decoded text are poorly aligned in this "
-    "short adaptation. Near-left-to-right decoding (`block_length` 1-2) writes much better "
-    "stories; the checkable tasks are not affected.",
+    "short adaptation. Near-left-to-right decoding (`block_length` 1) writes much better "
+    "stories (checked on the story prompts above, not on the tasks).",
 )
 
 
@@ -120,7 +120,7 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         "(no downloaded text; rerunning the training command regenerates it): short English "
         "stories from a grammar of a few hundred words, chat requests for stories, and checkable "
         "tasks with exact answers in the chat template (copy, reverse and sort a list of "
-        f"{LIST_MIN}-{LIST_MAX} single digits, its max and its count; add two numbers of "
+        f"{LIST_MIN}-{LIST_MAX} numbers in 0-{ITEM_MAX}, its max and its count; add two numbers of "
         f"1-{ADD_DIGITS} digits, e.g. `sort: 4 1 9 2` → `1 2 4 9`, `add: 47 + 85` → `132`). "
         "Held-out problems and stories are chosen by a stable hash and never appear in "
         "training.", "",

@@ -2,9 +2,9 @@
 
 Every digit is its own pre-token, a leading space kept with it (" 417" -> " 4" "1" "7"), before
 the byte-level step: numbers are digit sequences (the arithmetic tasks are digit-level) and a
-list item costs one or two tokens with no separate space token, so a list answer is about 40%
-shorter than with space tokens. ``bench/copy_ablation.py`` records why the item spelling matters
-to a tiny masked diffusion model: copying lists of one-token items from 20 symbols is learned in
+list item (a single digit) is one token with no separate space token, so a list answer is
+about 40% shorter than with space tokens. ``bench/copy_ablation.py`` records why the item
+spelling matters to a tiny masked diffusion model: copying lists of one-token items from 20 symbols is learned in
 a few hundred steps, lists of digit pairs with separators far more slowly, and 100 symbols
 inside a 1,472-token vocabulary not at all in 500 steps.
 
