@@ -312,3 +312,14 @@ def test_model_card_names_the_initialisation_and_the_exact_command():
     plain = {**log, "init_from": None, "init_info": None, "train_config": {"lr": 2e-3}}
     assert _init_lines(plain) == []
     assert _train_command(plain).endswith("--steps 3000 --seed 0")
+
+
+def test_model_card_samples_name_their_decoding_and_expected_answer():
+    from celeris.train.card import _samples
+
+    lines = _samples([
+        {"prompt": "sort: 3 1 2", "output": "1 2 3", "answer": "1 2 3"},
+        {"prompt": "Once upon a time", "decoding": "block 1", "output": ", there was a fox."},
+    ])
+    assert lines == ["- prompt `sort: 3 1 2` → `1 2 3` (expected `1 2 3`)",
+                     "- prompt `Once upon a time` (block 1) → `, there was a fox.`"]
