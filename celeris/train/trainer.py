@@ -5,8 +5,8 @@ autoregressive twin ``celeris-tiny-ar`` (same size, same data stream, same token
     train("models/celeris-tiny-ar", steps=N, seed=0, kind="ar")    # LlamaForCausalLM twin
 
 The shipped recipe trains the twin first (12000 steps, ~33 min on 2 threads) and then adapts
-its weights to masked diffusion (``init_from="models/celeris-tiny-ar"``, 6000 steps, lr 1e-3,
-~25 min), as Dream-7B was adapted from Qwen2.5; the model cards record both commands. (Trained
+its weights to masked diffusion (``init_from="models/celeris-tiny-ar"``, 8000 steps, lr 1e-3,
+~64 min), as Dream-7B was adapted from Qwen2.5; the model cards record both commands. (Trained
 from scratch on the current tasks, with an earlier task weighting, the diffusion model had
 learned none of copy/reverse/sort after 4200 steps; the twin on that data was near 50% at 4600.)
 
