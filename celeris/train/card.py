@@ -26,8 +26,9 @@ LIMITATIONS = (
 DIFFUSION_LIMITATIONS = (
     "Stories decoded with wide blocks often lose a noun (`a happy old.` for `a happy old man.`): "
     "predictions two or more positions ahead of the decoded text are poorly aligned in this "
-    "short adaptation. Near-left-to-right decoding (`block_length` 1) writes much better "
-    "stories (see the samples above; checked on those story prompts, not on the tasks).",
+    "short adaptation. Near-left-to-right decoding (`block_length` 1) writes longer, mostly "
+    "grammatical stories that still slip (`The. The old man met ...`; see the samples above, "
+    "checked on those story prompts only, not on the tasks).",
     "Infilling leans on the left context: `the little [MASK] went to the park` gets `old`, "
     "which fits after `little` but not before `went`. Each [MASK] becomes exactly `span` "
     "tokens, so a span longer than the missing word is filled with extra words.",
