@@ -26,30 +26,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from celeris import ARBaseline, Engine  # noqa: E402
-from celeris.train import corpus, storycheck  # noqa: E402
+from celeris.train import storycheck  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--n", type=int, default=20, help="number of story prompts (1-200)")
+    ap.add_argument("--n", type=int, default=storycheck.STORY_OPENINGS,
+                    help="number of story prompts (1-200)")
     ap.add_argument("--model", default="models/celeris-tiny")
     ap.add_argument("--ar-model", default="models/celeris-tiny-ar")
     ap.add_argument("--json", default="", help="also write the report here")
     args = ap.parse_args()
     if not 1 <= args.n <= 200:
         ap.error(f"--n must be in [1, 200], got {args.n}")
-    prompts = [" ".join(s.split()[:4]) for s in corpus.heldout_stories(args.n)]
-    engine = Engine.from_pretrained(args.model, device="cpu")
-    base = engine.default_params().replace(gen_length=64, steps=64)
-    report = {}
-    for block in (32, 1):
-        params = base.replace(block_length=block)
-        texts = [engine.generate(p, params).text for p in prompts]
-        report[f"celeris-tiny block {block}"] = storycheck.score(texts, prompts)
-    ar = ARBaseline.from_pretrained(args.ar_model, device="cpu")
-    texts = [ar.generate_batch([p], 64)[0]["text"] for p in prompts]
-    report["AR twin"] = storycheck.score(texts, prompts)
+    report = {f"celeris-tiny block {b}": storycheck.measure(args.model, n=args.n, block_length=b)
+              for b in (32, 1)}
+    report["AR twin"] = storycheck.measure(args.ar_model, "ar", n=args.n)
     for name, r in report.items():
         print(f"{name:24s} {r['grammatical']:6.1%} of {r['sentences']} sentences "
               f"({r['unfinished']} unfinished); e.g. not in the grammar: {r['examples_bad'][:2]}")

@@ -75,3 +75,19 @@ def test_model_cards_quote_the_measured_accuracy(model_dir):
     card, text = _card(model_dir), (model_dir / "README.md").read_text()
     assert f"**{card['mean_accuracy']:.1%}**" in text
     assert "## Training" in text and "## Limitations" in text
+
+
+@pytest.mark.parametrize("model_dir", [TINY, TWIN])
+def test_model_cards_quote_their_story_grammar_score(model_dir):
+    card, text = _card(model_dir), (model_dir / "README.md").read_text()
+    results = card["story_grammar"]
+    assert results and all(r["prompts"] == 20 and r["sentences"] > 0 for r in results)
+    for r in results:
+        assert f"{r['decoding']}: {r['grammatical']:.1%} of {r['sentences']} sentences" in text
+
+
+def test_ar_twin_story_grammar_matches_its_card():
+    from celeris.train import storycheck
+    (card,) = _card(TWIN)["story_grammar"]
+    measured = storycheck.measure(str(TWIN), "ar", n=8)
+    assert measured["grammatical"] >= card["grammatical"] - MARGIN

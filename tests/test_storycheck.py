@@ -1,5 +1,7 @@
 """The story-grammar recogniser accepts what the generator writes and rejects the model's slips."""
 
+import pytest
+
 from celeris.train import corpus, storycheck
 
 
@@ -23,3 +25,24 @@ def test_prompt_is_glued_on_and_an_unfinished_tail_is_counted_apart():
     report = storycheck.score([" fox named Tom. Tom liked to"], ["Once upon a time, there was a brave"])
     assert report == {"grammatical": 1.0, "sentences": 1, "unfinished": 1, "examples_bad": []}
     assert storycheck.sentences("A b. C d! tail") == (["A b.", "C d!"], "tail")
+
+
+def test_card_lists_each_story_grammar_measurement():
+    from celeris.train.card import _story_grammar_lines
+
+    results = [{"prompts": 20, "decoding": "block 32", "grammatical": 0.625, "sentences": 40,
+                "unfinished": 0, "examples_bad": ["The."]},
+               {"prompts": 20, "decoding": "block 1", "grammatical": 0.69, "sentences": 100,
+                "unfinished": 7, "examples_bad": []}]
+    lines = _story_grammar_lines(results)
+    assert "20 held-out story openings" in lines[0]
+    assert lines[2:4] == ["- block 32: 62.5% of 40 sentences; e.g. `The.`",
+                          "- block 1: 69.0% of 100 sentences (7 cut off unfinished)"]
+    assert _story_grammar_lines([]) == []
+
+
+def test_openings_validate_their_count():
+    assert storycheck.openings(2) == [" ".join(s.split()[:4])
+                                      for s in corpus.heldout_stories(2)]
+    with pytest.raises(ValueError, match=r"n must be an integer in \[1, 200\], got 0"):
+        storycheck.openings(0)

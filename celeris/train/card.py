@@ -98,6 +98,28 @@ def _samples(samples: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def story_grammar(model_dir: str | Path, kind: str) -> list[dict[str, Any]]:
+    """Story-grammar scores for the card: the AR twin's greedy continuations; the diffusion
+    model's at block 32 (the evaluation's block length) and block 1."""
+    from celeris.train import storycheck
+    if kind == "ar":
+        return [storycheck.measure(str(model_dir), "ar")]
+    return [storycheck.measure(str(model_dir), block_length=b) for b in (32, 1)]
+
+
+def _story_grammar_lines(results: list[dict[str, Any]]) -> list[str]:
+    if not results:
+        return []
+    lines = [f"Story grammar (`celeris.train.storycheck`): continuations of "
+             f"{results[0]['prompts']} held-out story openings, the share of complete "
+             "sentences whose word-category shape the story grammar writes:", ""]
+    for r in results:
+        lines.append(f"- {r['decoding']}: {r['grammatical']:.1%} of {r['sentences']} sentences"
+                     + (f" ({r['unfinished']} cut off unfinished)" if r["unfinished"] else "")
+                     + (f"; e.g. `{r['examples_bad'][0]}`" if r["examples_bad"] else ""))
+    return lines + [""]
+
+
 def write_card(model_dir: str | Path, report: dict[str, Any],
                samples: list[dict[str, Any]] | None = None, *, command: str = "") -> Path:
     model_dir = Path(model_dir)
@@ -155,6 +177,7 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
     if report.get("masked_loss") is not None:
         lines += [f"Masked-token cross-entropy on held-out stories (masking ratios 0.15/0.5/0.85):"
                   f" {report['masked_loss']:.3f}.", ""]
+    lines += _story_grammar_lines(report.get("story_grammar") or [])
     if samples:
         lines += ["## Real outputs", "", "Produced by the command above and "
                   "`python -m celeris generate` (greedy); not edited."

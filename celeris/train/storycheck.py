@@ -99,3 +99,39 @@ def score(texts: list[str], prefixes: list[str] | None = None) -> dict:
                 bad.append(s)
     return {"grammatical": ok / total if total else 0.0, "sentences": total,
             "unfinished": unfinished, "examples_bad": bad}
+
+
+# ----------------------------------------------------------------------------- measuring a model
+STORY_OPENINGS = 20           # held-out stories whose first words are the prompts
+NEW_TOKENS = 64
+
+
+def openings(n: int = STORY_OPENINGS) -> list[str]:
+    """The first four words of ``n`` held-out stories (``Once upon a time,``, ``Milo was a
+    brave``): prompts that the grammar can complete in many ways."""
+    if not isinstance(n, int) or not 1 <= n <= 200:
+        raise ValueError(f"n must be an integer in [1, 200], got {n!r}")
+    return [" ".join(s.split()[:4]) for s in C.heldout_stories(n)]
+
+
+def measure(model_dir: str, kind: str = "diffusion", *, n: int = STORY_OPENINGS,
+            block_length: int = 32) -> dict:
+    """Continue ``n`` story openings greedily with ``NEW_TOKENS`` tokens and score them.
+
+    Diffusion: the model's defaults with gen_length = steps = NEW_TOKENS and ``block_length``;
+    AR: transformers ``generate`` (greedy, KV cache)."""
+    from celeris import ARBaseline, Engine
+
+    prompts = openings(n)
+    if kind == "ar":
+        ar = ARBaseline.from_pretrained(str(model_dir), device="cpu")
+        texts = [ar.generate_batch([p], NEW_TOKENS)[0]["text"] for p in prompts]
+        decoding = f"greedy generate, {NEW_TOKENS} new tokens"
+    else:
+        engine = Engine.from_pretrained(model_dir, device="cpu")
+        params = engine.default_params().replace(gen_length=NEW_TOKENS, steps=NEW_TOKENS,
+                                                 block_length=block_length)
+        texts = [engine.generate(p, params).text for p in prompts]
+        decoding = (f"{params.decoding}, gen {NEW_TOKENS}, steps {NEW_TOKENS}, "
+                    f"block {block_length}, temperature {params.temperature:g}")
+    return {**score(texts, prompts), "prompts": n, "decoding": decoding}
