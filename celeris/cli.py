@@ -119,8 +119,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.card and not args.model:
             raise ValueError("--card needs --model (the directory to write the card into)")
         if args.card:
-            from celeris.train.card import card_samples, story_grammar, write_card
-            report["story_grammar"] = story_grammar(args.model, args.kind)
+            from celeris.train import storycheck
+            from celeris.train.card import card_samples, write_card
+            report["story_grammar"] = storycheck.measure(args.model, args.kind)
             path = write_card(args.model, report, card_samples(args.model, args.kind, report))
             print(f"wrote {path}", file=sys.stderr)
     except user_errors() as exc:

@@ -98,15 +98,6 @@ def _samples(samples: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def story_grammar(model_dir: str | Path, kind: str) -> list[dict[str, Any]]:
-    """Story-grammar scores for the card: the AR twin's greedy continuations; the diffusion
-    model's at block 32 (the evaluation's block length) and block 1."""
-    from celeris.train import storycheck
-    if kind == "ar":
-        return [storycheck.measure(str(model_dir), "ar")]
-    return [storycheck.measure(str(model_dir), block_length=b) for b in (32, 1)]
-
-
 def _story_grammar_lines(results: list[dict[str, Any]]) -> list[str]:
     if not results:
         return []

@@ -115,23 +115,26 @@ def openings(n: int = STORY_OPENINGS) -> list[str]:
 
 
 def measure(model_dir: str, kind: str = "diffusion", *, n: int = STORY_OPENINGS,
-            block_length: int = 32) -> dict:
+            block_lengths: tuple[int, ...] = (32, 1)) -> list[dict]:
     """Continue ``n`` story openings greedily with ``NEW_TOKENS`` tokens and score them.
 
-    Diffusion: the model's defaults with gen_length = steps = NEW_TOKENS and ``block_length``;
-    AR: transformers ``generate`` (greedy, KV cache)."""
+    AR: one result, transformers ``generate`` (greedy, KV cache). Diffusion: one result per
+    block length, the model's defaults with gen_length = steps = NEW_TOKENS (one model load)."""
     from celeris import ARBaseline, Engine
 
     prompts = openings(n)
     if kind == "ar":
         ar = ARBaseline.from_pretrained(str(model_dir), device="cpu")
         texts = [ar.generate_batch([p], NEW_TOKENS)[0]["text"] for p in prompts]
-        decoding = f"greedy generate, {NEW_TOKENS} new tokens"
-    else:
-        engine = Engine.from_pretrained(model_dir, device="cpu")
+        return [{**score(texts, prompts), "prompts": n,
+                 "decoding": f"greedy generate, {NEW_TOKENS} new tokens"}]
+    engine = Engine.from_pretrained(model_dir, device="cpu")
+    out = []
+    for block in block_lengths:
         params = engine.default_params().replace(gen_length=NEW_TOKENS, steps=NEW_TOKENS,
-                                                 block_length=block_length)
+                                                 block_length=block)
         texts = [engine.generate(p, params).text for p in prompts]
-        decoding = (f"{params.decoding}, gen {NEW_TOKENS}, steps {NEW_TOKENS}, "
-                    f"block {block_length}, temperature {params.temperature:g}")
-    return {**score(texts, prompts), "prompts": n, "decoding": decoding}
+        out.append({**score(texts, prompts), "prompts": n,
+                    "decoding": f"{params.decoding}, gen {NEW_TOKENS}, steps {NEW_TOKENS}, "
+                                f"block {block}, temperature {params.temperature:g}"})
+    return out
