@@ -137,7 +137,9 @@ class Engine:
         ids = self.tokenizer.encode(parts[0]) if parts[0] else []
         canvas: list[int] = []
         for part in parts[1:]:
-            canvas += [mask] * span + (self.tokenizer.encode(part) if part else [])
+            # pinned text inside the canvas: no BOS in the middle of the sequence
+            canvas += [mask] * span + (self.tokenizer.encode(part, add_special_tokens=False)
+                                       if part else [])
         if not ids:   # a leading span: the first pinned token becomes the prompt
             ids = [self.special.pad]
         params = params or self._defaults

@@ -80,7 +80,8 @@ class RequestState:
         canvas = out.canvas if out else ()
         answer = self.tokenizer.answer_ids(canvas)
         text, cut = cut_at_stop(self.tokenizer.decode(answer), params.stop)
-        ids = tuple(answer) if not cut else tuple(self.tokenizer.encode(text))
+        ids = (tuple(answer) if not cut
+               else tuple(self.tokenizer.encode(text, add_special_tokens=False)))
         if cut:
             finish = FinishReason.STOP
         total = time.perf_counter() - self.started

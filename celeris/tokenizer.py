@@ -50,8 +50,10 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.hf, "chat_template", None))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf(text, add_special_tokens=True)["input_ids"])
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``; with ``add_special_tokens`` (a prompt) the model's BOS is
+        prepended, without (a piece inside a canvas) it is not."""
+        return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def encode_chat(self, messages: Messages) -> list[int]:
         if not self.has_chat_template:
