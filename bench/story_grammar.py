@@ -33,6 +33,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=storycheck.STORY_OPENINGS,
                     help="number of story prompts (1-200)")
+    ap.add_argument("--infill-n", type=int, default=storycheck.INFILL_ITEMS,
+                    help="number of held-out sentences with one word to infill (1-200)")
     ap.add_argument("--model", default="models/celeris-tiny")
     ap.add_argument("--ar-model", default="models/celeris-tiny-ar")
     ap.add_argument("--json", default="", help="also write the report here")
@@ -41,12 +43,15 @@ def main() -> None:
         report = [{"model": m, **r} for m, kind in ((args.model, "diffusion"),
                                                      (args.ar_model, "ar"))
                   for r in storycheck.measure(m, kind, n=args.n)]
+        report.append({"model": args.model, "task": "infill",
+                       **storycheck.measure_infill(args.model, n=args.infill_n)})
     except ValueError as exc:
         ap.error(str(exc))
     for r in report:
-        print(f"{r['model']} ({r['decoding']}): {r['grammatical']:.1%} of {r['sentences']} "
-              f"sentences ({r['unfinished']} unfinished); e.g. not in the grammar: "
-              f"{r['examples_bad'][:2]}")
+        what = "filled sentences" if r.get("task") == "infill" else "sentences"
+        print(f"{r['model']} ({r.get('task', 'story')}; {r['decoding']}): "
+              f"{r['grammatical']:.1%} of {r['sentences']} {what} ({r['unfinished']} "
+              f"unfinished); e.g. not in the grammar: {r['examples_bad'][:2]}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)

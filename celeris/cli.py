@@ -98,7 +98,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         summary = train(out=args.out, minutes=args.minutes, steps=args.steps,
                         device=args.device, resume=args.resume, seed=args.seed,
                         kind=args.kind, preset=args.preset, init_from=args.init_from,
-                        **({} if args.lr is None else {"lr": args.lr}))
+                        **{k: v for k, v in (("lr", args.lr), ("mix", args.mix),
+                                             ("semi_ar_prob", args.semi_ar_prob))
+                           if v is not None})
     except user_errors() as exc:
         return error(exc)
     items = ", ".join(f"{k}={_format_value(v)}" for k, v in (summary or {}).items()
@@ -122,6 +124,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             from celeris.train import storycheck
             from celeris.train.card import card_samples, write_card
             report["story_grammar"] = storycheck.measure(args.model, args.kind)
+            if args.kind == "diffusion":
+                report["infill_grammar"] = storycheck.measure_infill(args.model)
             path = write_card(args.model, report, card_samples(args.model, args.kind, report))
             print(f"wrote {path}", file=sys.stderr)
     except user_errors() as exc:
@@ -205,6 +209,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--init-from", default=None, metavar="DIR",
                    help="diffusion: start from this trained model's weights and tokenizer "
                         "(e.g. the AR twin; AR-to-diffusion adaptation)")
+    p.add_argument("--mix", default=None, metavar="WEIGHTS",
+                   help="source weights, e.g. story=0.4,task=0.45,request=0.15 "
+                        "(default story=0.2,task=0.65,request=0.15)")
+    p.add_argument("--semi-ar-prob", type=float, default=None, metavar="P",
+                   help="fraction of story and story-request rows trained in the "
+                        "semi-autoregressive state (clean prefix, one masked block, later "
+                        "blocks all [MASK]); default 0")
     p.set_defaults(func=cmd_train)
 
 

@@ -158,6 +158,10 @@ def test_train_dispatch(monkeypatch, capsys):
     assert calls[-1] == {"out": "models/y", "minutes": None, "steps": 40, "device": "cpu",
                          "resume": False, "seed": 0, "kind": "diffusion", "preset": None,
                          "init_from": "models/x", "lr": 1e-3}
+    assert cli.main(["train", "--out", "models/z", "--steps", "40", "--mix", "story=0.4",
+                     "--semi-ar-prob", "0.5"]) == 0
+    assert calls[-1]["mix"] == "story=0.4" and calls[-1]["semi_ar_prob"] == 0.5
+    assert "lr" not in calls[-1]
 
 
 def test_eval_dispatch_table_and_json(monkeypatch, capsys):
@@ -266,3 +270,14 @@ def test_generate_celeris_error(monkeypatch, capsys):
     monkeypatch.setattr(celeris, "Engine", Broken, raising=False)
     assert cli.main(["generate", "--prompt", "x"]) == 2
     assert capsys.readouterr().err.strip() == "error: checkpoint is corrupt"
+
+
+def test_train_rejects_a_bad_mix_or_semi_ar_prob_with_the_field_named(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert cli.main(["train", "--out", str(out), "--steps", "2", "--mix", "story=-2"]) != 0
+    err = capsys.readouterr().err
+    assert "mix: story must be a finite weight >= 0" in err and "Traceback" not in err
+    assert cli.main(["train", "--out", str(out), "--steps", "2", "--semi-ar-prob", "2"]) != 0
+    err = capsys.readouterr().err
+    assert "semi_ar_prob must be in [0, 0.75]" in err and "Traceback" not in err
+    assert not (out / "tokenizer.json").exists()

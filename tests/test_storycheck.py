@@ -46,3 +46,31 @@ def test_openings_validate_their_count():
                                       for s in corpus.heldout_stories(2)]
     with pytest.raises(ValueError, match=r"n must be an integer in \[1, 200\], got 0"):
         storycheck.openings(0)
+
+
+def test_infill_items_hide_one_lexicon_word_of_a_held_out_sentence():
+    items = storycheck.infill_items(30)
+    assert items == storycheck.infill_items(30)                  # fixed
+    held_out = {s for story in corpus.heldout_stories(30)
+                for s in storycheck.sentences(story)[0]}
+    tags = set()
+    for text, word in items:
+        assert text.count("[MASK]") == 1 and " [MASK]" in text
+        restored = text.replace("[MASK]", word)
+        assert restored in held_out                              # a real held-out sentence
+        assert storycheck.score([restored])["grammatical"] == 1.0
+        tags.add(storycheck.template(word))
+    assert {"NAME", "KIND", "ADJ"} <= tags and tags <= set(storycheck.INFILL_TAGS)
+    with pytest.raises(ValueError, match=r"n must be an integer in \[1, 200\], got 201"):
+        storycheck.infill_items(201)
+
+
+def test_card_states_the_infill_score_and_what_exact_means():
+    from celeris.train.card import _infill_lines
+
+    (line, blank) = _infill_lines({"items": 40, "decoding": "fixed, block 32",
+                                   "grammatical": 0.625, "sentences": 40, "unfinished": 0,
+                                   "exact": 0.05, "examples_bad": ["Soon, a lost his hat."]})
+    assert "40 held-out story sentences" in line and "62.5% of the filled sentences" in line
+    assert "5.0% restore the hidden word exactly" in line and "`Soon, a lost his hat.`" in line
+    assert blank == "" and _infill_lines(None) == []

@@ -154,6 +154,86 @@ def test_masking_touches_only_maskable_positions(tok_dir):
     assert torch.isfinite(loss) and logits.grad.shape == logits.shape
 
 
+def _runs(row: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of the runs of True in a 1-D bool tensor."""
+    out, start = [], None
+    for i, v in enumerate(row.tolist() + [False]):
+        if v and start is None:
+            start = i
+        elif not v and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_semi_autoregressive_rows_keep_a_clean_prefix_one_block_and_a_masked_rest(tok_dir):
+    raw = tt.load_raw(tok_dir)
+    mix = corpus.Mix.from_weights("story=1,task=0,request=1")
+    batcher = Batcher(raw, corpus.Stream(seed=3, mix=mix), tokens_per_batch=512,
+                      prefix_prob=0.0, semi_ar_prob=1.0)
+    gen = torch.Generator().manual_seed(0)
+    blocks, sources = set(), set()
+    for _ in range(12):
+        b = batcher.next()
+        sources.add(b.source)
+        assert b.forced is not None
+        assert not bool((b.forced & b.maskable).any())
+        for r in range(b.input_ids.shape[0]):
+            runs = _runs(b.maskable[r])
+            assert len(runs) == 1                    # one block ...
+            start, end = runs[0]
+            assert bool(b.forced[r, end:].all())     # ... then everything after it is hidden
+            assert not bool(b.forced[r, :end].any())
+            if b.source == "story":
+                assert start >= 2                    # BOS and at least one story token clean
+            else:
+                assert b.labels[r, start] != IGNORE  # the cut is inside the answer
+            blocks.add(end - start)
+        noisy, masked, t = mask_batch(b.input_ids, b.maskable, 3, gen, forced=b.forced)
+        assert bool((noisy[b.forced] == 3).all())    # hidden ...
+        assert not bool((masked & b.forced).any())   # ... but never scored
+        assert bool((masked <= b.maskable).all()) and bool(masked.any(1).all())
+        clean = ~(masked | b.forced)
+        assert bool((noisy[clean] == b.input_ids[clean]).all())
+    assert sources == {"story", "request"}
+    assert blocks <= set(range(1, 33)) and len(blocks) >= 4
+
+
+def test_semi_autoregressive_rows_off_leave_the_stream_and_the_masks_unchanged(tok_dir):
+    raw = tt.load_raw(tok_dir)
+    old = Batcher(raw, corpus.Stream(seed=1), tokens_per_batch=512)
+    new = Batcher(raw, corpus.Stream(seed=1), tokens_per_batch=512, semi_ar_prob=0.0)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for _ in range(10):
+        a, b = old.next(), new.next()
+        assert a.source == b.source and b.forced is None
+        assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.maskable, b.maskable)
+        na, ma, ta = mask_batch(a.input_ids, a.maskable, 3, g1)
+        nb, mb, tb = mask_batch(b.input_ids, b.maskable, 3, g2, forced=b.forced)
+        assert torch.equal(na, nb) and torch.equal(ma, mb) and torch.equal(ta, tb)
+    assert old.stream.state() == new.stream.state()
+    with pytest.raises(ValueError, match="semi_ar_prob"):
+        Batcher(raw, corpus.Stream(seed=1), semi_ar_prob=1.5)
+    with pytest.raises(ValueError, match="prefix_prob \\+ semi_ar_prob"):
+        Batcher(raw, corpus.Stream(seed=1), prefix_prob=0.5, semi_ar_prob=0.6)
+
+
+def test_mix_from_weights_parses_text_and_names_bad_fields():
+    mix = corpus.Mix.from_weights("story=0.4, task=0.45")
+    assert mix.sources() == (("story", 0.4), ("task", 0.45), ("request", 0.15))
+    assert corpus.Mix.from_weights({"request": 0}).request == 0.0
+    assert corpus.Mix.from_weights(None) == corpus.Mix()
+    stream = corpus.Stream(seed=0, mix=corpus.Mix.from_weights("story=0,task=1,request=0"))
+    assert {stream.pick_source() for _ in range(50)} == {"task"}
+    for bad, match in (("story=-1", "story must be a finite weight >= 0"),
+                       ("story=nan", "story must be a finite weight"),
+                       ("stories=1", "unknown source.*stories.*known: story, task, request"),
+                       ("story", "NAME=WEIGHT"), ("story=x", "NAME=WEIGHT"),
+                       ("story=0,task=0,request=0", "at least one")):
+        with pytest.raises(ValueError, match=match):
+            corpus.Mix.from_weights(bad)
+
+
 # --------------------------------------------------------------------------- training
 @pytest.fixture
 def one_thread(monkeypatch):
@@ -185,6 +265,24 @@ def test_micro_training_is_deterministic_and_resumable(tmp_path, one_thread):
     assert log["tokens_seen"] == a["tokens_seen"]
     with pytest.raises(ValueError):
         _train(tmp_path / "c", steps=20, resume=True, kind="ar")
+
+
+@pytest.mark.slow
+def test_training_takes_a_mix_and_semi_autoregressive_rows(tmp_path, one_thread):
+    with pytest.raises(ValueError, match="semi_ar_prob must be in \\[0, 0.75\\]"):
+        _train(tmp_path / "x", steps=2, semi_ar_prob=0.9)
+    with pytest.raises(ValueError, match="mix: unknown source"):
+        _train(tmp_path / "x", steps=2, mix="code=1")
+    assert not (tmp_path / "x" / "tokenizer.json").exists()    # refused before any work
+    plain = _train(tmp_path / "a", steps=4)
+    run = _train(tmp_path / "b", steps=4, mix="story=1,task=0,request=1", semi_ar_prob=0.5)
+    assert run["losses"] != plain["losses"] and all(x == x and x > 0 for x in run["losses"])
+    log = json.loads((tmp_path / "b" / "train_log.json").read_text())
+    assert log["train_config"]["mix"] == {"story": 1.0, "task": 0.0, "request": 1.0}
+    assert log["train_config"]["semi_ar_prob"] == 0.5
+    assert log["data"]["sources"]["task"] == 0.0
+    again = _train(tmp_path / "c", steps=4, mix="story=1,task=0,request=1", semi_ar_prob=0.5)
+    assert again["losses"] == run["losses"]                      # still deterministic
 
 
 @pytest.fixture(scope="module")
@@ -312,6 +410,10 @@ def test_model_card_names_the_initialisation_and_the_exact_command():
     plain = {**log, "init_from": None, "init_info": None, "train_config": {"lr": 2e-3}}
     assert _init_lines(plain) == []
     assert _train_command(plain).endswith("--steps 3000 --seed 0")
+    mixed = {**plain, "train_config": {"lr": 2e-3, "semi_ar_prob": 0.5,
+                                       "mix": {"story": 0.4, "task": 0.45, "request": 0.15}}}
+    assert _train_command(mixed).endswith("--steps 3000 --seed 0 --mix "
+                                          "story=0.4,task=0.45,request=0.15 --semi-ar-prob 0.5")
 
 
 def test_model_card_samples_name_their_decoding_and_expected_answer():

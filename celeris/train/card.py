@@ -38,10 +38,15 @@ DIFFUSION_LIMITATIONS = (
 def _train_command(log: dict[str, Any]) -> str:
     kind = " --kind ar" if log.get("kind") == "ar" else ""
     extra = f" --init-from {log['init_from']}" if log.get("init_from") else ""
-    lr = (log.get("train_config") or {}).get("lr")
+    tc = log.get("train_config") or {}
+    lr = tc.get("lr")
     default_lr = TRAIN_PRESETS.get(log.get("preset") or "tiny", {}).get("lr")
     if lr is not None and lr != default_lr:
         extra += f" --lr {lr:g}"
+    if tc.get("mix"):
+        extra += " --mix " + ",".join(f"{k}={v:g}" for k, v in tc["mix"].items())
+    if tc.get("semi_ar_prob"):
+        extra += f" --semi-ar-prob {tc['semi_ar_prob']:g}"
     return (f"CELERIS_THREADS={log.get('threads', 1)} python -m celeris train{kind} "
             f"--out {log.get('out')} --steps {log.get('steps')} --seed {log.get('seed')}{extra}")
 
@@ -55,6 +60,20 @@ def _init_lines(log: dict[str, Any]) -> list[str]:
             f"{(info.get('wall_time_s') or 0) / 60:.1f} min), then trained with the masked-"
             "diffusion objective below (AR-to-diffusion adaptation, as Dream-7B from Qwen2.5); "
             "its total training compute is the sum of both runs"]
+
+
+def _objective_lines(log: dict[str, Any]) -> list[str]:
+    tc = log.get("train_config") or {}
+    lines = []
+    if log.get("kind") == "diffusion" and tc.get("semi_ar_prob"):
+        lines.append(f"- semi-autoregressive rows: {tc['semi_ar_prob']:.0%} of story and "
+                     "story-request rows keep a clean beginning, mask one block of 1-32 tokens "
+                     "at the row's rate t and hide everything after it (masked, not scored): "
+                     "the state semi-autoregressive decoding puts the model in")
+    if tc.get("mix"):
+        lines.append("- source weights of this run: " + ", ".join(
+            f"{k} {v:g}" for k, v in tc["mix"].items()) + " (the corpus JSON above)")
+    return lines
 
 
 def _curve_summary(log: dict[str, Any]) -> list[str]:
@@ -111,6 +130,19 @@ def _story_grammar_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def _infill_lines(result: dict[str, Any] | None) -> list[str]:
+    if not result:
+        return []
+    bad = result["examples_bad"]
+    return [f"Infill grammar (`celeris.train.storycheck.measure_infill`): one lexicon word "
+            f"(name, kind, adjective, object, place or activity) masked in each of "
+            f"{result['items']} held-out story sentences and filled ({result['decoding']}): "
+            f"{result['grammatical']:.1%} of the filled sentences have a shape the grammar "
+            f"writes; {result['exact']:.1%} restore the hidden word exactly (a floor: other "
+            "words are as right)" + (f"; e.g. not in the grammar: `{bad[0]}`" if bad else "")
+            + ".", ""]
+
+
 def write_card(model_dir: str | Path, report: dict[str, Any],
                samples: list[dict[str, Any]] | None = None, *, command: str = "") -> Path:
     model_dir = Path(model_dir)
@@ -142,9 +174,9 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         f"1-{ADD_DIGITS} digits, e.g. `sort: 4 1 9 2` → `1 2 4 9`, `add: 47 + 85` → `132`). "
         "Held-out problems and stories are chosen by a stable hash and never appear in "
         "training.", "",
-        "```json", json.dumps(describe(), indent=1), "```", "",
+        "```json", json.dumps(log.get("data") or describe(), indent=1), "```", "",
         "## Training", "",
-        *_init_lines(log),
+        *_init_lines(log), *_objective_lines(log),
         f"- command: `{command or _train_command(log)}`",
         f"- steps: {log.get('steps')}, tokens seen: {log.get('tokens_seen', 0):,}, "
         f"wall time: {log.get('wall_time_s', 0) / 60:.1f} min, "
@@ -169,6 +201,7 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         lines += [f"Masked-token cross-entropy on held-out stories (masking ratios 0.15/0.5/0.85):"
                   f" {report['masked_loss']:.3f}.", ""]
     lines += _story_grammar_lines(report.get("story_grammar") or [])
+    lines += _infill_lines(report.get("infill_grammar"))
     if samples:
         lines += ["## Real outputs", "", "Produced by the command above and "
                   "`python -m celeris generate` (greedy); not edited."

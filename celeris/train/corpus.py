@@ -14,6 +14,7 @@ the task problems are, and the training stream never yields one of them.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -461,6 +462,38 @@ class Mix:
 
     def sources(self) -> tuple[tuple[str, float], ...]:
         return (("story", self.story), ("task", self.task), ("request", self.request))
+
+    @classmethod
+    def from_weights(cls, weights: "dict[str, float] | str | None") -> "Mix":
+        """A mix with the given source weights (the rest default), from a dict or from text
+        such as ``"story=0.4,task=0.45,request=0.15"``. Weights are relative (normalised when
+        drawn); each must be >= 0 and at least one > 0."""
+        if weights is None:
+            return cls()
+        if isinstance(weights, str):
+            parsed: dict[str, float] = {}
+            for part in filter(None, (p.strip() for p in weights.split(","))):
+                name, sep, value = part.partition("=")
+                try:
+                    if not sep:
+                        raise ValueError
+                    parsed[name.strip()] = float(value)
+                except ValueError:
+                    raise ValueError(f"mix: expected NAME=WEIGHT items separated by commas "
+                                     f"(names: story, task, request), got {part!r}") from None
+            weights = parsed
+        known = ("story", "task", "request")
+        unknown = sorted(set(weights) - set(known))
+        if unknown:
+            raise ValueError(f"mix: unknown source(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(known)}")
+        for name, value in weights.items():
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"mix: {name} must be a finite weight >= 0, got {value!r}")
+        mix = cls(**{k: float(v) for k, v in weights.items()})
+        if not sum(w for _, w in mix.sources()) > 0:
+            raise ValueError("mix: at least one of story, task, request must be > 0")
+        return mix
 
     def to_dict(self) -> dict:
         return {"story": self.story, "task": self.task, "request": self.request,

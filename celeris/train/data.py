@@ -6,6 +6,12 @@ compute is spent on padding beyond the chat prompts' left padding:
 * story batches: ``<|bos|>`` + story + ``<|eos|>`` padding up to the bucket length; every
   position but the BOS is maskable. With probability ``prefix_prob`` a random prefix is kept
   unmasked, which teaches completion of a given beginning.
+* semi-autoregressive rows (probability ``semi_ar_prob``; stories and story-request answers):
+  a clean prefix, then one block of 1-32 positions masked at the row's rate t, then every later
+  position masked (``forced``: masked but not scored). That is the state semi-autoregressive
+  decoding puts the model in (the prompt and earlier blocks committed, the current block partly
+  committed, later blocks all [MASK]); plain random masking almost never shows it a clean
+  beginning followed by a fully masked rest.
 * chat batches (tasks, story requests): left-padded chat-templated prompt (never maskable) +
   answer + ``<|eot|>`` + ``<|eos|>`` padding up to the canvas length, drawn per batch from
   buckets (16/32/64/128/256, most mass on short ones) so that the model learns to end the answer
@@ -31,6 +37,7 @@ STORY_BUCKETS = ((64, 0.45), (128, 0.40), (256, 0.15))
 TASK_BUCKETS = ((16, 0.25), (32, 0.45), (64, 0.15), (128, 0.08), (256, 0.07))
 REQUEST_BUCKETS = ((64, 0.30), (128, 0.45), (256, 0.25))
 PROMPT_ESTIMATE = {"task": 22, "request": 16}   # mean prompt tokens, for the rows per batch
+SEMI_AR_BLOCKS = (1, 2, 4, 8, 16, 32)             # block lengths of semi-autoregressive rows
 
 
 @dataclass
@@ -41,6 +48,7 @@ class Batch:
     labels: torch.Tensor                 # (B, L) AR targets (token id) or -100
     source: str
     length: int                          # bucket length (story) or canvas length (chat)
+    forced: torch.Tensor | None = None   # (B, L) bool: always masked, never scored; None = none
 
     @property
     def real_tokens(self) -> int:
@@ -53,12 +61,18 @@ class Batcher:
     """Draws batches from a ``Stream``; all randomness comes from the stream's RNG."""
 
     def __init__(self, tokenizer, stream: Stream, tokens_per_batch: int = 4096,
-                 prefix_prob: float = 0.25, story_buckets=STORY_BUCKETS,
-                 task_buckets=TASK_BUCKETS, request_buckets=REQUEST_BUCKETS) -> None:
+                 prefix_prob: float = 0.25, semi_ar_prob: float = 0.0,
+                 story_buckets=STORY_BUCKETS, task_buckets=TASK_BUCKETS,
+                 request_buckets=REQUEST_BUCKETS) -> None:
+        for name, p in (("prefix_prob", prefix_prob), ("semi_ar_prob", semi_ar_prob),
+                        ("prefix_prob + semi_ar_prob", prefix_prob + semi_ar_prob)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {p!r}")
         self.tok = tokenizer
         self.stream = stream
         self.tokens_per_batch = tokens_per_batch
         self.prefix_prob = prefix_prob
+        self.semi_ar_prob = semi_ar_prob
         self.buckets = {"story": tuple(story_buckets), "task": tuple(task_buckets),
                         "request": tuple(request_buckets)}
         self.pad, self.bos, self.eos, self.eot = (SPECIAL_IDS["pad"], SPECIAL_IDS["bos"],
@@ -81,12 +95,23 @@ class Batcher:
             return self.story_batch(self._bucket("story"))
         return self.chat_batch(source, self._bucket(source))
 
+    def _semi_ar(self, maskable: torch.Tensor, forced: torch.Tensor, start: int,
+                 end: int) -> None:
+        """Make one row semi-autoregressive in place: positions before a cut drawn in
+        [start, end) stay clean, a block after the cut is maskable, the rest is forced."""
+        cut = self.rng.randint(start, end - 1)
+        block = self.rng.choice(SEMI_AR_BLOCKS)
+        maskable[:cut] = False
+        maskable[cut + block:] = False
+        forced[cut + block:] = True
+
     # ------------------------------------------------------------------ stories
     def story_batch(self, length: int) -> Batch:
         rows = max(1, self.tokens_per_batch // length)
         ids = torch.full((rows, length), self.eos, dtype=torch.long)
         maskable = torch.ones((rows, length), dtype=torch.bool)
         labels = torch.full((rows, length), IGNORE, dtype=torch.long)
+        forced = torch.zeros((rows, length), dtype=torch.bool)
         for r in range(rows):
             toks = None
             for _ in range(64):
@@ -99,12 +124,16 @@ class Batcher:
             n = len(toks)
             ids[r, :n] = torch.tensor(toks)
             keep = 1                             # BOS is never masked
-            if self.rng.random() < self.prefix_prob and n > 2:
+            draw = self.rng.random()
+            if draw < self.prefix_prob and n > 2:
                 keep = self.rng.randint(2, n - 1)
+            elif draw < self.prefix_prob + self.semi_ar_prob and n > 2:
+                self._semi_ar(maskable[r], forced[r], 2, n)
             maskable[r, :keep] = False
             end = min(n + 1, length)             # the story and its first EOS
             labels[r, 1:end] = ids[r, 1:end]
-        return Batch(ids, None, maskable, labels, "story", length)
+        return Batch(ids, None, maskable, labels, "story", length,
+                     forced if bool(forced.any()) else None)
 
     # ------------------------------------------------------------------ chats
     def chat_example(self, source: str, canvas: int) -> tuple[list[int], list[int]]:
@@ -124,6 +153,7 @@ class Batcher:
         attn = torch.ones((rows, L), dtype=torch.long)
         maskable = torch.zeros((rows, L), dtype=torch.bool)
         labels = torch.full((rows, L), IGNORE, dtype=torch.long)
+        forced = torch.zeros((rows, L), dtype=torch.bool)
         for r, (p, a) in enumerate(pairs):
             off = plen - len(p)
             ids[r, :off] = self.pad
@@ -132,7 +162,12 @@ class Batcher:
             ids[r, plen:plen + len(a)] = torch.tensor(a)
             maskable[r, plen:] = True
             labels[r, plen:plen + len(a)] = ids[r, plen:plen + len(a)]
-        return Batch(ids, None if bool(attn.all()) else attn, maskable, labels, source, canvas)
+            # (no draw at all when semi_ar_prob is 0, so older recipes keep their stream)
+            if source == "request" and self.semi_ar_prob > 0 \
+                    and self.rng.random() < self.semi_ar_prob:
+                self._semi_ar(maskable[r], forced[r], plen, plen + len(a))
+        return Batch(ids, None if bool(attn.all()) else attn, maskable, labels, source, canvas,
+                     forced if bool(forced.any()) else None)
 
 
 def positions(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ Forward process: per sequence t ~ U(eps, 1); every *maskable* token is replaced 
 with probability t. Loss (LLaDA eq. 3 / SFT eq. 5): cross-entropy on the masked positions,
 weighted by 1/t, divided by the number of maskable tokens of the sequence, averaged over the
 batch. Positions that are not maskable (chat prompts, left padding, a kept story prefix) are
-never masked and never scored.
+never masked and never scored. ``forced`` positions (the later blocks of a semi-autoregressive
+row) are always masked and never scored.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ EPS = 1e-3
 
 
 def mask_batch(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int,
-               generator: torch.Generator, eps: float = EPS
+               generator: torch.Generator, eps: float = EPS,
+               forced: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Apply the forward process. Returns (noisy ids, masked (B, L) bool, t (B,)).
+    """Apply the forward process. Returns (noisy ids, masked (B, L) bool, t (B,)); ``masked``
+    are the scored positions. ``forced`` (B, L) bool positions are masked in the noisy ids too,
+    but are not in ``masked`` (not scored); the random draws do not depend on it.
 
     Every row with at least one maskable position gets at least one masked position (the
     maskable position with the smallest uniform draw), so no row is silently skipped.
@@ -33,7 +37,8 @@ def mask_batch(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int,
         fix = torch.zeros_like(masked)
         fix[torch.arange(B), first] = True
         masked = masked | (fix & empty[:, None])
-    noisy = torch.where(masked, torch.full_like(input_ids, mask_id), input_ids)
+    hidden = masked if forced is None else masked | forced
+    noisy = torch.where(hidden, torch.full_like(input_ids, mask_id), input_ids)
     return noisy, masked, t
 
 

@@ -13,6 +13,7 @@ choices (``the fox baked cakes in the snow``) and still count.
 
 from __future__ import annotations
 
+import random
 import re
 from functools import lru_cache
 
@@ -138,3 +139,50 @@ def measure(model_dir: str, kind: str = "diffusion", *, n: int = STORY_OPENINGS,
                     "decoding": f"{params.decoding}, gen {NEW_TOKENS}, steps {NEW_TOKENS}, "
                                 f"block {block}, temperature {params.temperature:g}"})
     return out
+
+
+# ----------------------------------------------------------------------------- infilling
+INFILL_ITEMS = 40             # held-out sentences, one lexicon word masked in each
+INFILL_TAGS = ("NAME", "KIND", "ADJ", "OBJ", "PLACE", "ACT")
+
+
+def infill_items(n: int = INFILL_ITEMS) -> list[tuple[str, str]]:
+    """(text with one ``[MASK]``, the word it hides) for ``n`` held-out story sentences.
+
+    The hidden word of item ``i`` is drawn from the lexicon words (names, kinds, adjectives,
+    objects, places, activities) of held-out story ``i`` with a seeded RNG, so the list is
+    fixed. The whole sentence is the text: the model sees words on both sides."""
+    if not isinstance(n, int) or not 1 <= n <= 200:
+        raise ValueError(f"n must be an integer in [1, 200], got {n!r}")
+    pat, tags = _pattern()
+    out: list[tuple[str, str]] = []
+    for i, story in enumerate(C.heldout_stories(n)):
+        rng = random.Random(f"celeris-infill:{i}")
+        choices = [(sent, m) for sent in sentences(story)[0] for m in pat.finditer(sent)
+                   if tags[m.group(0).lower()] in INFILL_TAGS and m.start() > 0
+                   and sent[m.start() - 1] == " "]
+        sent, m = rng.choice(choices)
+        out.append((sent[:m.start()] + "[MASK]" + sent[m.end():], m.group(0)))
+    return out
+
+
+def measure_infill(model_dir: str, *, n: int = INFILL_ITEMS) -> dict:
+    """Fill the masked word of ``infill_items(n)`` with a diffusion model (its default
+    decoding; the span is the hidden word's own token count, so length is not the test) and
+    score the filled sentences like stories. ``exact`` counts fills equal to the hidden word
+    (many other words are just as right, so it is a floor, not the metric)."""
+    from celeris import Engine, GenerationResult, split_infill
+
+    engine = Engine.from_pretrained(model_dir, device="cpu")
+    params = engine.default_params()
+    filled, exact = [], 0
+    for text, word in infill_items(n):
+        span = len(engine.tokenizer.encode(" " + word, add_special_tokens=False))
+        final = [x for x in engine.stream_infill(text, params, span=span)
+                 if isinstance(x, GenerationResult)][0]
+        full = split_infill(text)[0] + final.text
+        filled.append(full)
+        exact += full.strip() == text.replace("[MASK]", word).strip()
+    return {**score(filled), "items": n, "exact": exact / n,
+            "decoding": f"{params.decoding}, block {min(params.block_length, 32)}, "
+                        f"temperature {params.temperature:g}, span = the hidden word's tokens"}

@@ -54,11 +54,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
-                 tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE, eval_stories=128,
+                 semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
+                 eval_stories=128,
                  log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
                   betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
-                  tokenizer_texts=600, vocab_size=512, eval_stories=8,
+                  semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
                   log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
 }
 
@@ -138,7 +139,7 @@ def autocast_ctx(device: str):
 # ----------------------------------------------------------------------------- losses
 def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torch.Tensor:
     noisy, masked, t = objective.mask_batch(batch.input_ids, batch.maskable,
-                                            tt.SPECIAL_IDS["mask"], gen)
+                                            tt.SPECIAL_IDS["mask"], gen, forced=batch.forced)
     attn = None if batch.attention_mask is None else batch.attention_mask.to(device)
     with autocast_ctx(device):
         logits = model(noisy.to(device), attention_mask=attn,
@@ -284,6 +285,12 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     tp = {**TRAIN_PRESETS[preset], **overrides}
     if not (isinstance(tp["lr"], (int, float)) and 0 < tp["lr"] <= 1):
         raise ValueError(f"lr must be in (0, 1], got {tp['lr']!r}")
+    if tp["mix"] is not None:        # validated and logged as a dict of the three weights
+        tp["mix"] = {k: v for k, v in _corpus.Mix.from_weights(tp["mix"]).sources()}
+    if not (isinstance(tp["semi_ar_prob"], (int, float))
+            and 0 <= tp["semi_ar_prob"] <= 1 - tp["prefix_prob"]):
+        raise ValueError(f"semi_ar_prob must be in [0, {1 - tp['prefix_prob']:g}] "
+                         f"(1 - prefix_prob), got {tp['semi_ar_prob']!r}")
     if init_from is not None:
         if kind != "diffusion":
             raise ValueError("init_from is for kind='diffusion' (adapting a trained model)")
@@ -343,9 +350,9 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         box["warmup"] = warmup = ckpt["meta"]["warmup_steps"]
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_lambda_factory(box["warmup"], box["total"], tp["min_lr_ratio"])(s))
-    stream = _corpus.Stream(seed=seed)
+    stream = _corpus.Stream(seed=seed, mix=_corpus.Mix.from_weights(tp.get("mix")))
     batcher = Batcher(tok, stream, tokens_per_batch=tp["tokens_per_batch"],
-                      prefix_prob=tp["prefix_prob"])
+                      prefix_prob=tp["prefix_prob"], semi_ar_prob=tp.get("semi_ar_prob", 0.0))
     gen = torch.Generator().manual_seed(seed + 1)
 
     step, tokens_seen, losses, curve, evals, prior_wall = 0, 0, [], [], [], 0.0
