@@ -199,6 +199,19 @@ def test_semi_autoregressive_rows_keep_a_clean_prefix_one_block_and_a_masked_res
     assert blocks <= set(range(1, 33)) and len(blocks) >= 4
 
 
+def test_row_mean_scores_short_blocks_by_their_plain_mean():
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8]])
+    maskable = torch.tensor([[False, True, True, True], [False, False, True, False]])
+    masked = torch.tensor([[False, True, False, True], [False, False, True, False]])
+    t = torch.tensor([0.5, 0.001])                   # row 1: one position, t near eps
+    logits = torch.randn(3, 10)
+    ce = torch.nn.functional.cross_entropy(logits, ids[masked], reduction="none")
+    plain = diffusion_loss(logits, ids, masked, maskable, t)
+    assert torch.isclose(plain, ((ce[0] + ce[1]) / (0.5 * 3) + ce[2] / 0.001) / 2)
+    mean = diffusion_loss(logits, ids, masked, maskable, t, torch.tensor([False, True]))
+    assert torch.isclose(mean, ((ce[0] + ce[1]) / (0.5 * 3) + ce[2]) / 2)   # no 1000x weight
+
+
 def test_semi_autoregressive_rows_off_leave_the_stream_and_the_masks_unchanged(tok_dir):
     raw = tt.load_raw(tok_dir)
     old = Batcher(raw, corpus.Stream(seed=1), tokens_per_batch=512)

@@ -8,7 +8,8 @@ compute is spent on padding beyond the chat prompts' left padding:
   unmasked, which teaches completion of a given beginning.
 * semi-autoregressive rows (probability ``semi_ar_prob``; stories and story-request answers):
   a clean prefix, then one block of 1-32 positions masked at the row's rate t, then every later
-  position masked (``forced``: masked but not scored). That is the state semi-autoregressive
+  position masked (``forced``: masked but not scored); the block is scored by its mean
+  cross-entropy (``objective.diffusion_loss``, ``row_mean``). That is the state semi-autoregressive
   decoding puts the model in (the prompt and earlier blocks committed, the current block partly
   committed, later blocks all [MASK]); plain random masking almost never shows it a clean
   beginning followed by a fully masked rest.

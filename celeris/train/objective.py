@@ -43,14 +43,23 @@ def mask_batch(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int,
 
 
 def diffusion_loss(logits: torch.Tensor, input_ids: torch.Tensor, masked: torch.Tensor,
-                   maskable: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+                   maskable: torch.Tensor, t: torch.Tensor,
+                   row_mean: torch.Tensor | None = None) -> torch.Tensor:
     """LLaDA loss from logits of the masked positions only, (N, V) in row-major order of
-    ``masked`` (what ``model(..., logits_mask=masked)`` returns)."""
+    ``masked`` (what ``model(..., logits_mask=masked)`` returns).
+
+    ``row_mean`` (B,) bool: rows scored by their plain mean cross-entropy over the masked
+    positions instead of the 1/t-weighted sum. For a short block (semi-autoregressive rows,
+    1-32 maskable positions) the 1/t weight is unbounded: at small t the one position masked
+    to keep the row scored would carry weight up to 1/eps and swamp the batch."""
     targets = input_ids[masked]                                                 # (N,)
     ce = F.cross_entropy(logits.float(), targets, reduction="none")            # (N,)
     rows = masked.nonzero(as_tuple=True)[0]                                     # (N,)
     n_maskable = maskable.sum(dim=1).clamp(min=1).to(ce.dtype)                  # (B,)
     weight = 1.0 / (t.to(ce.dtype)[rows] * n_maskable[rows])
+    if row_mean is not None:
+        n_masked = masked.sum(dim=1).clamp(min=1).to(ce.dtype)                  # (B,)
+        weight = torch.where(row_mean[rows], 1.0 / n_masked[rows], weight)
     return (ce * weight).sum() / input_ids.shape[0]
 
 

@@ -144,8 +144,9 @@ def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torc
     with autocast_ctx(device):
         logits = model(noisy.to(device), attention_mask=attn,
                        logits_mask=masked.to(device)).logits
+    row_mean = None if batch.forced is None else batch.forced.any(dim=1).to(device)
     return objective.diffusion_loss(logits, batch.input_ids.to(device), masked.to(device),
-                                    batch.maskable.to(device), t.to(device))
+                                    batch.maskable.to(device), t.to(device), row_mean)
 
 
 def ar_step_loss(model, batch, device: str) -> torch.Tensor:
