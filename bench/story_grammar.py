@@ -37,12 +37,20 @@ def main() -> None:
                     help="number of held-out sentences with one word to infill (1-200)")
     ap.add_argument("--model", default="models/celeris-tiny")
     ap.add_argument("--ar-model", default="models/celeris-tiny-ar")
+    ap.add_argument("--blocks", default="", metavar="LIST",
+                    help="block lengths for the diffusion model, e.g. 1,2,4,8,16,32 "
+                         "(default: its default block, 32 and 1)")
     ap.add_argument("--json", default="", help="also write the report here")
     args = ap.parse_args()
     try:
+        blocks = tuple(int(b) for b in args.blocks.split(",") if b.strip()) or None
+    except ValueError:
+        ap.error(f"--blocks: expected comma-separated integers, got {args.blocks!r}")
+    try:
         report = [{"model": m, **r} for m, kind in ((args.model, "diffusion"),
                                                      (args.ar_model, "ar"))
-                  for r in storycheck.measure(m, kind, n=args.n)]
+                  for r in storycheck.measure(m, kind, n=args.n,
+                                              block_lengths=blocks if kind != "ar" else None)]
         report.append({"model": args.model, "task": "infill",
                        **storycheck.measure_infill(args.model, n=args.infill_n)})
     except ValueError as exc:

@@ -74,3 +74,9 @@ def test_card_states_the_infill_score_and_what_exact_means():
     assert "40 held-out story sentences" in line and "62.5% of the filled sentences" in line
     assert "5.0% restore the hidden word exactly" in line and "`Soon, a lost his hat.`" in line
     assert blank == "" and _infill_lines(None) == []
+
+
+def test_stories_are_scored_at_the_default_block_the_wide_block_and_one_at_a_time():
+    assert storycheck.story_blocks(8) == (8, 32, 1)
+    assert storycheck.story_blocks(32) == (32, 1)
+    assert storycheck.story_blocks(1) == (1, 32)

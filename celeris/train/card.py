@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from celeris.train.corpus import describe
+from celeris.train.storycheck import story_blocks
 from celeris.train.tasks import ADD_DIGITS, ITEM_MAX, LIST_MAX, LIST_MIN
 from celeris.train.trainer import TRAIN_PRESETS
 
@@ -228,7 +229,8 @@ INFILL_TEXTS = ("Once upon a time, a [MASK] lived in a [MASK] near the sea.",
 
 def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> list[dict]:
     """Real outputs for the card: the first evaluated task problems, story continuations and
-    (diffusion only) the same at block length 1, a story request and an infill at span 1 and 2."""
+    (diffusion only) the same at each of ``story_blocks``, a story request and an infill at
+    span 1 and 2 (the model's default block length)."""
     from celeris import ARBaseline, Engine, GenerationResult, split_infill
     out = [{"prompt": s["prompt"], "output": s["prediction"], "answer": s["answer"]}
            for s in report.get("samples", [])[:6]]
@@ -238,15 +240,14 @@ def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> li
             out.append({"prompt": p, "output": ar.generate_batch([p], 64)[0]["text"]})
         return out
     engine = Engine.from_pretrained(model_dir, device="cpu")
-    params = engine.default_params().replace(gen_length=64, block_length=32, steps=64)
-    one_by_one = params.replace(block_length=1)
+    params = engine.default_params().replace(gen_length=64, steps=64)
     for p in STORY_PROMPTS:
-        for label, pp in (("block 32", params), ("block 1", one_by_one)):
-            out.append({"prompt": p, "decoding": label,
-                        "output": engine.generate(p, pp).text})
+        for block in story_blocks(params.block_length):
+            out.append({"prompt": p, "decoding": f"block {block}",
+                        "output": engine.generate(p, params.replace(block_length=block)).text})
     for p in CHAT_PROMPTS:
         msg = [{"role": "user", "content": p}]
-        out.append({"prompt": p, "decoding": "block 32",
+        out.append({"prompt": p, "decoding": f"block {params.block_length}",
                     "output": engine.generate(msg, params).text})
     # One token per [MASK] (the story grammar's words are one token each), then the first text
     # again with two tokens per span.

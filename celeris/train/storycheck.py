@@ -115,12 +115,19 @@ def openings(n: int = STORY_OPENINGS) -> list[str]:
     return [" ".join(s.split()[:4]) for s in C.heldout_stories(n)]
 
 
+def story_blocks(default_block: int) -> tuple[int, ...]:
+    """Block lengths stories are shown and scored at: the model's default, the wide block 32
+    and one token at a time (1), each once."""
+    return tuple(dict.fromkeys((default_block, 32, 1)))
+
+
 def measure(model_dir: str, kind: str = "diffusion", *, n: int = STORY_OPENINGS,
-            block_lengths: tuple[int, ...] = (32, 1)) -> list[dict]:
+            block_lengths: tuple[int, ...] | None = None) -> list[dict]:
     """Continue ``n`` story openings greedily with ``NEW_TOKENS`` tokens and score them.
 
     AR: one result, transformers ``generate`` (greedy, KV cache). Diffusion: one result per
-    block length, the model's defaults with gen_length = steps = NEW_TOKENS (one model load)."""
+    block length (default: ``story_blocks`` of the model's default), the model's defaults
+    with gen_length = steps = NEW_TOKENS (one model load)."""
     from celeris import ARBaseline, Engine
 
     prompts = openings(n)
@@ -131,7 +138,7 @@ def measure(model_dir: str, kind: str = "diffusion", *, n: int = STORY_OPENINGS,
                  "decoding": f"greedy generate, {NEW_TOKENS} new tokens"}]
     engine = Engine.from_pretrained(model_dir, device="cpu")
     out = []
-    for block in block_lengths:
+    for block in block_lengths or story_blocks(engine.default_params().block_length):
         params = engine.default_params().replace(gen_length=NEW_TOKENS, steps=NEW_TOKENS,
                                                  block_length=block)
         texts = [engine.generate(p, params).text for p in prompts]
