@@ -417,9 +417,22 @@ def test_model_card_names_the_initialisation_and_the_exact_command():
     assert _train_command(log) == ("CELERIS_THREADS=2 python -m celeris train --out "
                                    "models/celeris-tiny --steps 3000 --seed 0 --init-from "
                                    "models/celeris-tiny-ar --lr 0.001")
-    (line,) = _init_lines(log)
+    line, total = _init_lines(log)
     assert "models/celeris-tiny-ar" in line and "8000 steps" in line and "1,234,567" in line
-    assert "45.0 min" in line
+    assert "45.0 min" in line and "AR-to-diffusion" in line
+    assert total == "- total training compute is the sum of all 2 runs: 1,234,567 tokens, 45.0 min"
+    # a chain: stage 2 continues stage 1, which started from the AR twin; each run's command
+    stage1 = {**log, "out": "runs/stage1", "steps": 8000, "tokens_seen": 10, "wall_time_s": 60.0}
+    stage2 = {**log, "steps": 1000, "tokens_seen": 5, "wall_time_s": 30.0,
+              "init_from": "runs/stage1", "init_info": {"path": "runs/stage1", **stage1}}
+    first, second, total = _init_lines(stage2)
+    assert first.startswith("- initialised from `runs/stage1` (diffusion model: 8000 steps")
+    assert "its command: `CELERIS_THREADS=2 python -m celeris train --out runs/stage1 " \
+           "--steps 8000 --seed 0 --init-from models/celeris-tiny-ar --lr 0.001`" in first
+    assert "continued training" in first
+    assert second.startswith("- which was initialised from `models/celeris-tiny-ar` (ar model")
+    assert total == ("- total training compute is the sum of all 3 runs: 1,234,582 tokens, "
+                     "46.5 min")
     plain = {**log, "init_from": None, "init_info": None, "train_config": {"lr": 2e-3}}
     assert _init_lines(plain) == []
     assert _train_command(plain).endswith("--steps 3000 --seed 0")
