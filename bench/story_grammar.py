@@ -1,20 +1,24 @@
 """How grammatical are the shipped models' stories? (quality check, not a speed benchmark)
 
 Prompts: the first four words of 20 held-out stories. Each model continues them greedily with
-64 new tokens (celeris-tiny: steps 64, block 32 and block 1; the AR twin: transformers
-``generate``). Every complete sentence of prompt + continuation is checked with
+64 new tokens (celeris-tiny: steps 64 at its default block, 32 and 1, or ``--blocks``; the AR
+twin: transformers ``generate``); celeris-tiny also fills one masked word in each of 40
+held-out sentences (``storycheck.measure_infill``). Every complete sentence of prompt + continuation is checked with
 ``celeris.train.storycheck`` (is its word-category template one the story grammar writes?).
 
-    python bench/story_grammar.py [--n 20] [--json out.json]
+    python bench/story_grammar.py [--n 20] [--infill-n 40] [--blocks 1,8,32] [--json out.json]
 
-Measured on the 2-core Intel Xeon VM, 2026-11-30, shipped models of that date (celeris-tiny 8000
-adaptation steps), float32:
+Measured on the 2-core Intel Xeon VM, 2026-11-30, shipped models of that date (celeris-tiny:
+8000 adaptation steps + 1000 semi-autoregressive steps), float32, with
+``--blocks 1,2,4,8,16,32`` (docs/BENCHMARKS.md also has the model before):
 
 | model / decoding | grammatical sentences | sentences | unfinished tails |
 |---|---|---|---|
-| celeris-tiny, block 32 | 62.5% | 40 | 0 |
-| celeris-tiny, block 1 | 69.0% | 100 | 7 |
+| celeris-tiny, block 1 | 99.1% | 110 | 2 |
+| celeris-tiny, block 8 | 70.0% | 50 | 0 |
+| celeris-tiny, block 32 (default) | 65.0% | 40 | 0 |
 | AR twin | 100.0% | 100 | 0 |
+| celeris-tiny infill, 40 sentences | 62.5% | 40 | 0 |
 """
 
 from __future__ import annotations

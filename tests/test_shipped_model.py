@@ -47,6 +47,17 @@ def test_default_engine_is_the_shipped_model_and_writes_stories():
     assert result.finish_reason.value in ("stop", "length")
 
 
+def test_infill_pins_the_text_after_a_span_without_a_bos_in_the_canvas():
+    engine = Engine.from_pretrained(device="cpu")
+    tok, bos = engine.tokenizer, engine.tokenizer.hf.bos_token_id
+    ids, canvas, _ = engine.infill_request("One day, the little [MASK] went to the park.", None,
+                                           1, "[MASK]")
+    assert bos is not None and ids[0] == bos          # the prompt starts with BOS ...
+    pinned = tok.encode(" went to the park.", add_special_tokens=False)
+    assert canvas[0] == engine.special.mask and canvas[1:1 + len(pinned)] == pinned
+    assert bos not in canvas                          # ... the pinned text does not
+
+
 def test_generate_cli_uses_the_shipped_model_without_model_flag():
     proc = subprocess.run([sys.executable, "-m", "celeris", "generate", "--prompt",
                            "Once upon a time", "--gen-length", "32", "--block-length", "32",
@@ -91,3 +102,12 @@ def test_ar_twin_story_grammar_matches_its_card():
     (card,) = _card(TWIN)["story_grammar"]
     (measured,) = storycheck.measure(str(TWIN), "ar", n=8)
     assert measured["grammatical"] >= card["grammatical"] - MARGIN
+
+
+def test_infill_grammar_matches_the_card():
+    from celeris.train import storycheck
+    card = _card(TINY)["infill_grammar"]
+    text = (TINY / "README.md").read_text()
+    assert f"{card['grammatical']:.1%} of the filled sentences" in text
+    measured = storycheck.measure_infill(str(TINY), n=card["items"])
+    assert abs(measured["grammatical"] - card["grammatical"]) <= 0.1
