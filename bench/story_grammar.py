@@ -3,8 +3,9 @@
 Prompts: the first four words of 20 held-out stories. Each model continues them greedily with
 64 new tokens (celeris-tiny: steps 64 at its default block, 32 and 1, or ``--blocks``; the AR
 twin: transformers ``generate``); celeris-tiny also fills one masked word in each of 40
-held-out sentences (``storycheck.measure_infill``). Every complete sentence of prompt + continuation is checked with
-``celeris.train.storycheck`` (is its word-category template one the story grammar writes?).
+held-out sentences (``storycheck.measure_infill``). Every complete sentence of prompt +
+continuation (or filled sentence) is checked with ``celeris.train.storycheck`` (is its
+word-category template one the story grammar writes?).
 
     python bench/story_grammar.py [--n 20] [--infill-n 40] [--blocks 1,8,32] [--json out.json]
 

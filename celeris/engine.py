@@ -126,6 +126,15 @@ class Engine:
         prompt, canvas, params = self.infill_request(text, params, span, marker)
         yield from self._generate([(prompt, params, request_id, canvas)], stream=True)
 
+    def infill_text(self, text: str, params: GenerationParams | None = None, span: int = 2,
+                    marker: str = "[MASK]") -> str:
+        """``text`` with its ``marker`` spans filled: stream_infill run to the end, the pinned
+        text before the first span glued back in front."""
+        prompt, canvas, params = self.infill_request(text, params, span, marker)
+        rid = new_request_id()
+        (result,) = self._generate([(prompt, params, rid, canvas)], stream=False)
+        return split_infill(text, marker)[0] + result.text
+
     def infill_request(self, text: str, params: GenerationParams | None, span: int,
                        marker: str) -> tuple[list[int], list[int], GenerationParams]:
         if not isinstance(span, int) or not 1 <= span <= 64:

@@ -131,6 +131,8 @@ def test_stream_yields_events_then_result_and_infill_matches_inline(make_engine)
     p = engine.default_params().replace(seed=2, temperature=0.6)
     inline = list(engine.stream("hello", p))
     infill_inline = list(engine.stream_infill("def f(x): [MASK] return x", p))
+    assert engine.infill_text("def f(x): [MASK] return x", p) == \
+        "def f(x):" + infill_inline[-1].text
     engine.start()
     scheduled = list(engine.stream("hello", p))
     assert all(isinstance(e, StepEvent) for e in scheduled[:-1])

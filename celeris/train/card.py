@@ -250,7 +250,7 @@ def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> li
     """Real outputs for the card: the first evaluated task problems, story continuations and
     (diffusion only) the same at each of ``story_blocks``, a story request and an infill at
     span 1 and 2 (the model's default block length)."""
-    from celeris import ARBaseline, Engine, GenerationResult, split_infill
+    from celeris import ARBaseline, Engine
     out = [{"prompt": s["prompt"], "output": s["prediction"], "answer": s["answer"]}
            for s in report.get("samples", [])[:6]]
     if kind == "ar":
@@ -271,8 +271,6 @@ def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> li
     # One token per [MASK] (the story grammar's words are one token each), then the first text
     # again with two tokens per span.
     for text, span in [(t, 1) for t in INFILL_TEXTS] + [(INFILL_TEXTS[0], 2)]:
-        final = [x for x in engine.stream_infill(text, params, span=span)
-                 if isinstance(x, GenerationResult)][0]
         out.append({"prompt": text, "decoding": f"{span} token{'s' * (span > 1)} per span",
-                    "output": split_infill(text)[0] + final.text})
+                    "output": engine.infill_text(text, params, span=span)})
     return out

@@ -482,7 +482,7 @@ class Mix:
                     raise ValueError(f"mix: expected NAME=WEIGHT items separated by commas "
                                      f"(names: story, task, request), got {part!r}") from None
             weights = parsed
-        known = ("story", "task", "request")
+        known = tuple(name for name, _ in cls().sources())
         unknown = sorted(set(weights) - set(known))
         if unknown:
             raise ValueError(f"mix: unknown source(s) {', '.join(unknown)}; "

@@ -178,16 +178,14 @@ def measure_infill(model_dir: str, *, n: int = INFILL_ITEMS) -> dict:
     decoding; the span is the hidden word's own token count, so length is not the test) and
     score the filled sentences like stories. ``exact`` counts fills equal to the hidden word
     (many other words are just as right, so it is a floor, not the metric)."""
-    from celeris import Engine, GenerationResult, split_infill
+    from celeris import Engine
 
     engine = Engine.from_pretrained(model_dir, device="cpu")
     params = engine.default_params()
     filled, exact = [], 0
     for text, word in infill_items(n):
         span = len(engine.tokenizer.encode(" " + word, add_special_tokens=False))
-        final = [x for x in engine.stream_infill(text, params, span=span)
-                 if isinstance(x, GenerationResult)][0]
-        full = split_infill(text)[0] + final.text
+        full = engine.infill_text(text, params, span=span)
         filled.append(full)
         exact += full.strip() == text.replace("[MASK]", word).strip()
     return {**score(filled), "items": n, "exact": exact / n,
