@@ -2,10 +2,11 @@
 
 Prompts: the first four words of 20 held-out stories. Each model continues them greedily with
 64 new tokens (celeris-tiny: steps 64 at its default block, 32 and 1, or ``--blocks``; the AR
-twin: transformers ``generate``); celeris-tiny also fills one masked word in each of 40
-held-out sentences (``storycheck.measure_infill``). Every complete sentence of prompt +
-continuation (or filled sentence) is checked with ``celeris.train.storycheck`` (is its
-word-category template one the story grammar writes?).
+twin: transformers ``generate``); celeris-tiny also fills one masked word in one sentence of
+each of 40 held-out stories (``storycheck.measure_infill``), with the story before it as context
+and alone. Every complete sentence of prompt + continuation (or filled sentence) is checked
+with ``celeris.train.storycheck`` (is its word-category template one the story grammar
+writes?).
 
     python bench/story_grammar.py [--n 20] [--infill-n 40] [--blocks 1,8,32] [--json out.json]
 
@@ -19,7 +20,8 @@ Measured on the 2-core Intel Xeon VM, 2026-11-30, shipped models of that date (c
 | celeris-tiny, block 8 | 70.0% | 50 | 0 |
 | celeris-tiny, block 32 (default) | 65.0% | 40 | 0 |
 | AR twin | 100.0% | 100 | 0 |
-| celeris-tiny infill, 40 sentences | 62.5% | 40 | 0 |
+| celeris-tiny infill in story, 40 stories | 85.0% | 40 | 0 |
+| celeris-tiny infill, the sentence alone | 62.5% | 40 | 0 |
 """
 
 from __future__ import annotations
@@ -56,12 +58,15 @@ def main() -> None:
                                                      (args.ar_model, "ar"))
                   for r in storycheck.measure(m, kind, n=args.n,
                                               block_lengths=blocks if kind != "ar" else None)]
-        report.append({"model": args.model, "task": "infill",
-                       **storycheck.measure_infill(args.model, n=args.infill_n)})
+        for context in (True, False):
+            report.append({"model": args.model,
+                           "task": "infill in story" if context else "infill, sentence alone",
+                           **storycheck.measure_infill(args.model, n=args.infill_n,
+                                                       context=context)})
     except ValueError as exc:
         ap.error(str(exc))
     for r in report:
-        what = "filled sentences" if r.get("task") == "infill" else "sentences"
+        what = "filled sentences" if "infill" in r.get("task", "") else "sentences"
         print(f"{r['model']} ({r.get('task', 'story')}; {r['decoding']}): "
               f"{r['grammatical']:.1%} of {r['sentences']} {what} ({r['unfinished']} "
               f"unfinished); e.g. not in the grammar: {r['examples_bad'][:2]}")

@@ -126,6 +126,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             report["story_grammar"] = storycheck.measure(args.model, args.kind)
             if args.kind == "diffusion":
                 report["infill_grammar"] = storycheck.measure_infill(args.model)
+                report["infill_grammar_alone"] = storycheck.measure_infill(args.model,
+                                                                           context=False)
             path = write_card(args.model, report, card_samples(args.model, args.kind, report))
             print(f"wrote {path}", file=sys.stderr)
     except user_errors() as exc:

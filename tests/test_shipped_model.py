@@ -111,3 +111,8 @@ def test_infill_grammar_matches_the_card():
     assert f"{card['grammatical']:.1%} of the filled sentences" in text
     measured = storycheck.measure_infill(str(TINY), n=card["items"])
     assert abs(measured["grammatical"] - card["grammatical"]) <= 0.1
+    alone = _card(TINY)["infill_grammar_alone"]
+    assert "The same sentences alone, with no story before them" in text
+    assert f": {alone['grammatical']:.1%}." in text
+    measured = storycheck.measure_infill(str(TINY), n=alone["items"], context=False)
+    assert abs(measured["grammatical"] - alone["grammatical"]) <= 0.1

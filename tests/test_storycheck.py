@@ -48,19 +48,22 @@ def test_openings_validate_their_count():
         storycheck.openings(0)
 
 
-def test_infill_items_hide_one_lexicon_word_of_a_held_out_sentence():
+def test_infill_items_hide_one_lexicon_word_of_a_held_out_sentence_with_its_story_before():
     items = storycheck.infill_items(30)
     assert items == storycheck.infill_items(30)                  # fixed
-    held_out = {s for story in corpus.heldout_stories(30)
-                for s in storycheck.sentences(story)[0]}
-    tags = set()
-    for text, word in items:
+    stories = corpus.heldout_stories(30)
+    tags, with_context = set(), 0
+    for (context, text, word), story in zip(items, stories):
         assert text.count("[MASK]") == 1 and " [MASK]" in text
         restored = text.replace("[MASK]", word)
-        assert restored in held_out                              # a real held-out sentence
+        # the context and the restored sentence are the story's own text, in order
+        assert story.startswith((context + " " if context else "") + restored)
+        assert restored in storycheck.sentences(story)[0]
         assert storycheck.score([restored])["grammatical"] == 1.0
+        with_context += bool(context)
         tags.add(storycheck.template(word))
     assert {"NAME", "KIND", "ADJ"} <= tags and tags <= set(storycheck.INFILL_TAGS)
+    assert 5 <= with_context < 30              # both first sentences and later ones occur
     with pytest.raises(ValueError, match=r"n must be an integer in \[1, 200\], got 201"):
         storycheck.infill_items(201)
 
@@ -68,12 +71,17 @@ def test_infill_items_hide_one_lexicon_word_of_a_held_out_sentence():
 def test_card_states_the_infill_score_and_what_exact_means():
     from celeris.train.card import _infill_lines
 
-    (line, blank) = _infill_lines({"items": 40, "decoding": "fixed, block 32",
-                                   "grammatical": 0.625, "sentences": 40, "unfinished": 0,
-                                   "exact": 0.05, "examples_bad": ["Soon, a lost his hat."]})
-    assert "40 held-out story sentences" in line and "62.5% of the filled sentences" in line
+    result = {"items": 40, "decoding": "fixed, block 32", "grammatical": 0.85,
+              "sentences": 40, "unfinished": 0, "exact": 0.05,
+              "examples_bad": ["Soon, a lost his hat."]}
+    (line, blank) = _infill_lines(result)
+    assert "each of 40 held-out stories" in line and "85.0% of the filled sentences" in line
+    assert "the story before that sentence pinned as context" in line
     assert "5.0% restore the hidden word exactly" in line and "`Soon, a lost his hat.`" in line
+    assert "alone" not in line
     assert blank == "" and _infill_lines(None) == []
+    (line, _) = _infill_lines(result, {**result, "grammatical": 0.625})
+    assert "The same sentences alone" in line and line.endswith(": 62.5%.")
 
 
 def test_stories_are_scored_at_the_default_block_the_wide_block_and_one_at_a_time():

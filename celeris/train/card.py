@@ -29,13 +29,16 @@ DIFFUSION_LIMITATIONS = (
     "grammar scores above) but wide blocks, the default 32 included, often lose a noun "
     "(`a strong old named Milo` for `a strong old man named Milo`): the model commits a word "
     "several positions ahead (`named`) before the words in between, and then fills the gap "
-    "with too few words. For stories, use `--block-length 1` (the playground's block slider "
-    "goes down to 1) and keep the default for the tasks, which score a little lower at block 1 "
-    "(sums slip more).",
-    "Infilling puts the right kind of word in most sentences (the infill score above) but "
-    "still often reads only the left context: `the little [MASK] went to the park` can get "
-    "`old`, which fits after `little` but not before `went`. Each [MASK] becomes exactly "
-    "`span` tokens, so a span longer than the missing word is filled with extra words.",
+    "with too few words. For stories, use `--block-length 1` (the playground's `story` preset) "
+    "and keep the default for the tasks, which score a little lower at block 1 (sums slip "
+    "more).",
+    "Infilling puts the right kind of word in most sentences (the infill score above) but the "
+    "words right of the gap weigh too little: `a strong [MASK] called Toby` gets `old`, the "
+    "most frequent single token after an adjective (it starts `old man` and `old woman`), which "
+    "fits after `strong` but not before `called`. This is also how wide blocks drop nouns. A "
+    "sentence given without the story before it is filled worse (the second infill score). "
+    "Each [MASK] becomes exactly `span` tokens, so a span longer than the missing word is "
+    "filled with extra words.",
     "The story grammar score checks sentence shapes, not sense: stories switch names midway "
     "(`a happy mouse named Pip ... That night, Milo had sweet dreams`), repeat words (`heavy "
     "and heavy`) and a story request does not always get the animal asked for.",
@@ -150,17 +153,25 @@ def _story_grammar_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def _infill_lines(result: dict[str, Any] | None) -> list[str]:
+def _infill_lines(result: dict[str, Any] | None,
+                  alone: dict[str, Any] | None = None) -> list[str]:
+    """The infill scores: with the story before the sentence as context (the main figure)
+    and, when measured, the sentence alone."""
     if not result:
         return []
     bad = result["examples_bad"]
-    return [f"Infill grammar (`celeris.train.storycheck.measure_infill`): one lexicon word "
-            f"(name, kind, adjective, object, place or activity) masked in each of "
-            f"{result['items']} held-out story sentences and filled ({result['decoding']}): "
+    line = (f"Infill grammar (`celeris.train.storycheck.measure_infill`): one lexicon word "
+            f"(name, kind, adjective, object, place or activity) masked in one sentence of "
+            f"each of {result['items']} held-out stories and filled ({result['decoding']}), "
+            f"the story before that sentence pinned as context: "
             f"{result['grammatical']:.1%} of the filled sentences have a shape the grammar "
             f"writes; {result['exact']:.1%} restore the hidden word exactly (a floor: other "
-            "words are as right)" + (f"; e.g. not in the grammar: `{bad[0]}`" if bad else "")
-            + ".", ""]
+            "words are as right)" + (f"; e.g. not in the grammar: `{bad[0]}`" if bad else ""))
+    if alone:
+        line += (". The same sentences alone, with no story before them (a sentence that "
+                 "starts mid-story, such as `That night, [MASK] had sweet dreams.`, is "
+                 f"unlike anything the model was trained on): {alone['grammatical']:.1%}")
+    return [line + ".", ""]
 
 
 def write_card(model_dir: str | Path, report: dict[str, Any],
@@ -221,7 +232,7 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         lines += [f"Masked-token cross-entropy on held-out stories (masking ratios 0.15/0.5/0.85):"
                   f" {report['masked_loss']:.3f}.", ""]
     lines += _story_grammar_lines(report.get("story_grammar") or [])
-    lines += _infill_lines(report.get("infill_grammar"))
+    lines += _infill_lines(report.get("infill_grammar"), report.get("infill_grammar_alone"))
     if samples:
         lines += ["## Real outputs", "", "Produced by the command above and "
                   "`python -m celeris generate` (greedy); not edited."

@@ -153,41 +153,54 @@ INFILL_ITEMS = 40             # held-out sentences, one lexicon word masked in e
 INFILL_TAGS = ("NAME", "KIND", "ADJ", "OBJ", "PLACE", "ACT")
 
 
-def infill_items(n: int = INFILL_ITEMS) -> list[tuple[str, str]]:
-    """(text with one ``[MASK]``, the word it hides) for ``n`` held-out story sentences.
+def infill_items(n: int = INFILL_ITEMS) -> list[tuple[str, str, str]]:
+    """(context, sentence with one ``[MASK]``, the word it hides) for ``n`` held-out stories.
 
     The hidden word of item ``i`` is drawn from the lexicon words (names, kinds, adjectives,
     objects, places, activities) of held-out story ``i`` with a seeded RNG, so the list is
-    fixed. The whole sentence is the text: the model sees words on both sides."""
+    fixed. ``context`` is the story's text before that sentence ("" for its first sentence):
+    a mid-story sentence such as ``That night, [MASK] had sweet dreams.`` names someone the
+    story introduced earlier."""
     if not isinstance(n, int) or not 1 <= n <= 200:
         raise ValueError(f"n must be an integer in [1, 200], got {n!r}")
     pat, tags = _pattern()
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str, str]] = []
     for i, story in enumerate(C.heldout_stories(n)):
         rng = random.Random(f"celeris-infill:{i}")
-        choices = [(sent, m) for sent in sentences(story)[0] for m in pat.finditer(sent)
+        done = sentences(story)[0]
+        choices = [(j, m) for j, sent in enumerate(done) for m in pat.finditer(sent)
                    if tags[m.group(0).lower()] in INFILL_TAGS and m.start() > 0
                    and sent[m.start() - 1] == " "]
-        sent, m = rng.choice(choices)
-        out.append((sent[:m.start()] + "[MASK]" + sent[m.end():], m.group(0)))
+        j, m = rng.choice(choices)
+        sent = done[j]
+        out.append((" ".join(done[:j]), sent[:m.start()] + "[MASK]" + sent[m.end():],
+                    m.group(0)))
     return out
 
 
-def measure_infill(model_dir: str, *, n: int = INFILL_ITEMS) -> dict:
+def measure_infill(model_dir: str, *, n: int = INFILL_ITEMS, context: bool = True) -> dict:
     """Fill the masked word of ``infill_items(n)`` with a diffusion model (its default
     decoding; the span is the hidden word's own token count, so length is not the test) and
-    score the filled sentences like stories. ``exact`` counts fills equal to the hidden word
-    (many other words are just as right, so it is a floor, not the metric)."""
+    score the filled sentence like a story sentence.
+
+    context=True: the model sees the story before the sentence (pinned) and the sentence;
+    only the filled sentence is scored. context=False: the sentence alone, a harder test,
+    since the model learned whole stories and never saw one start mid-story. ``exact``
+    counts fills equal to the hidden word (many other words are just as right, so it is a
+    floor, not the metric)."""
     from celeris import Engine
 
     engine = Engine.from_pretrained(model_dir, device="cpu")
     params = engine.default_params()
     filled, exact = [], 0
-    for text, word in infill_items(n):
+    for ctx, sent, word in infill_items(n):
+        lead = ctx + " " if context and ctx else ""
         span = len(engine.tokenizer.encode(" " + word, add_special_tokens=False))
-        full = engine.infill_text(text, params, span=span)
-        filled.append(full)
-        exact += full.strip() == text.replace("[MASK]", word).strip()
-    return {**score(filled), "items": n, "exact": exact / n,
+        full = engine.infill_text(lead + sent, params, span=span)
+        if not full.startswith(lead):           # the context is pinned; this cannot happen
+            raise RuntimeError(f"infill changed its pinned context: {full!r}")
+        filled.append(full[len(lead):])
+        exact += filled[-1].strip() == sent.replace("[MASK]", word).strip()
+    return {**score(filled), "items": n, "exact": exact / n, "context": context,
             "decoding": f"{params.decoding}, block {min(params.block_length, 32)}, "
                         f"temperature {params.temperature:g}, span = the hidden word's tokens"}
