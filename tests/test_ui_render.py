@@ -220,6 +220,13 @@ def test_presets_always_give_valid_params(name, gen_length):
     assert p.gen_length == gen_length and p.gen_length % p.block_length == 0
 
 
+def test_story_preset_is_the_reference_sampler_left_to_right():
+    p = build_params(GenerationParams(), preset_values("story", 64) + [0])
+    assert (p.block_length, p.decoding, p.steps, p.cache, p.temperature) == \
+        (1, "fixed", None, "none", 0.0)
+    assert p.total_steps == 64                     # one position per step, left to right
+
+
 def test_widget_values_invert_build_params():
     p = GenerationParams(gen_length=64, block_length=16, steps=32, seed=5)
     values = widget_values(p)

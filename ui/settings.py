@@ -23,7 +23,9 @@ CACHE_CHOICES = CACHES
 
 # fast: commit everything above the threshold and reuse the prompt's KV cache (Fast-dLLM);
 # balanced: the same rule with a stricter threshold and the exact (uncached) forward;
-# quality: the reference linear schedule, one token per step, no cache (LLaDA's sampler).
+# quality: the reference linear schedule, one token per step, no cache (LLaDA's sampler);
+# story: the same, one position at a time left to right (block 1): the small shipped model
+# writes grammatical stories this way and drops words at wide blocks (see its model card).
 PRESETS: dict[str, dict[str, Any]] = {
     "fast": {"decoding": "threshold", "threshold": 0.9, "cache": "prefix", "steps": 0,
              "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
@@ -31,6 +33,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                  "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
     "quality": {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
                 "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
+    "story": {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
+              "block_length": 1, "temperature": 0.0, "remasking": "low_confidence"},
 }
 
 

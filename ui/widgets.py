@@ -105,5 +105,6 @@ def generation_controls(defaults: GenerationParams, prefix: str) -> list[gr.comp
 
 def preset_radio(elem_id: str) -> gr.Radio:
     return gr.Radio(list(PRESETS), value=None, label="preset", elem_id=elem_id,
-                    info="fast: threshold + prefix cache · quality: reference sampler")
+                    info="fast: threshold + prefix cache · quality: reference sampler · "
+                         "story: reference, left to right (block 1)")
 
