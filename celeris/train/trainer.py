@@ -12,7 +12,9 @@ made left-to-right stories grammatical; the model cards record every command. (T
 scratch on the current tasks, with an earlier task weighting, the diffusion model had learned
 none of copy/reverse/sort after 4200 steps; the twin on that data was near 50% at 4600. Semi-
 autoregressive rows from the start of the adaptation instead, 8000 steps, left the model worse
-at everything but block-1 stories: 86.7% on tasks, 23% grammatical stories at block 32.)
+at everything but block-1 stories: 86.7% on tasks, 23% grammatical stories at block 32. Going
+on from the shipped model with infill-shaped story rows, or with 2000 more steps of its own
+recipe, did not improve infilling or wide-block stories; docs/BENCHMARKS.md has the numbers.)
 
 A run is deterministic for a seed on one machine and thread count (``CELERIS_THREADS``):
 model init from ``torch.manual_seed``, data from a seeded ``random.Random``, masking from a
