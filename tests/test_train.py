@@ -448,6 +448,10 @@ def test_model_card_samples_name_their_decoding_and_expected_answer():
     lines = _samples([
         {"prompt": "sort: 3 1 2", "output": "1 2 3", "answer": "1 2 3"},
         {"prompt": "Once upon a time", "decoding": "block 1", "output": ", there was a fox."},
+        {"prompt": "Tom met a [MASK].", "decoding": "in story", "output": "Tom met a dog.",
+         "hidden": "cat"},
     ])
     assert lines == ["- prompt `sort: 3 1 2` → `1 2 3` (expected `1 2 3`)",
-                     "- prompt `Once upon a time` (block 1) → `, there was a fox.`"]
+                     "- prompt `Once upon a time` (block 1) → `, there was a fox.`",
+                     "- prompt `Tom met a [MASK].` (in story) → `Tom met a dog.` "
+                     "(the story had `cat`)"]

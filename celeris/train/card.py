@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from celeris.train.corpus import describe
-from celeris.train.storycheck import story_blocks
+from celeris.train.storycheck import fill_item, infill_items, sentences, story_blocks
 from celeris.train.tasks import ADD_DIGITS, ITEM_MAX, LIST_MAX, LIST_MIN
 from celeris.train.trainer import TRAIN_PRESETS
 
@@ -136,7 +136,8 @@ def _samples(samples: list[dict[str, Any]]) -> list[str]:
     for s in samples:
         how = f" ({s['decoding']})" if s.get("decoding") else ""
         out.append(f"- prompt `{s['prompt']}`{how} → `{s['output']}`"
-                   + (f" (expected `{s['answer']}`)" if s.get("answer") else ""))
+                   + (f" (expected `{s['answer']}`)" if s.get("answer") else "")
+                   + (f" (the story had `{s['hidden']}`)" if s.get("hidden") else ""))
     return out
 
 
@@ -252,6 +253,7 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
 
 STORY_PROMPTS = ("Once upon a time", "One day, a little fox")
 CHAT_PROMPTS = ("Tell me a story about a cat.",)
+INFILL_CARD_ITEMS = 4          # the first measured infill items, shown whatever they score
 INFILL_TEXTS = ("Once upon a time, a [MASK] lived in a [MASK] near the sea.",
                 "Once upon a time, there was a happy old [MASK].",
                 "One day, the little [MASK] went to the park.")
@@ -259,8 +261,9 @@ INFILL_TEXTS = ("Once upon a time, a [MASK] lived in a [MASK] near the sea.",
 
 def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> list[dict]:
     """Real outputs for the card: the first evaluated task problems, story continuations and
-    (diffusion only) the same at each of ``story_blocks``, a story request and an infill at
-    span 1 and 2 (the model's default block length)."""
+    (diffusion only) the same at each of ``story_blocks``, a story request, the first measured
+    infill items (in their stories) and free-form infills at span 1 and 2 (the model's default
+    block length)."""
     from celeris import ARBaseline, Engine
     out = [{"prompt": s["prompt"], "output": s["prediction"], "answer": s["answer"]}
            for s in report.get("samples", [])[:6]]
@@ -279,6 +282,13 @@ def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> li
         msg = [{"role": "user", "content": p}]
         out.append({"prompt": p, "decoding": f"block {params.block_length}",
                     "output": engine.generate(msg, params).text})
+    for item in infill_items(INFILL_CARD_ITEMS):
+        before = len(sentences(item[0])[0])
+        where = ("the story's first sentence" if not before else
+                 "after the story's first sentence, pinned" if before == 1 else
+                 f"after the story's first {before} sentences, pinned")
+        out.append({"prompt": item[1], "decoding": where,
+                    "output": fill_item(engine, item, params), "hidden": item[2]})
     # One token per [MASK] (the story grammar's words are one token each), then the first text
     # again with two tokens per span.
     for text, span in [(t, 1) for t in INFILL_TEXTS] + [(INFILL_TEXTS[0], 2)]:

@@ -193,14 +193,21 @@ def measure_infill(model_dir: str, *, n: int = INFILL_ITEMS, context: bool = Tru
     engine = Engine.from_pretrained(model_dir, device="cpu")
     params = engine.default_params()
     filled, exact = [], 0
-    for ctx, sent, word in infill_items(n):
-        lead = ctx + " " if context and ctx else ""
-        span = len(engine.tokenizer.encode(" " + word, add_special_tokens=False))
-        full = engine.infill_text(lead + sent, params, span=span)
-        if not full.startswith(lead):           # the context is pinned; this cannot happen
-            raise RuntimeError(f"infill changed its pinned context: {full!r}")
-        filled.append(full[len(lead):])
-        exact += filled[-1].strip() == sent.replace("[MASK]", word).strip()
+    for item in infill_items(n):
+        filled.append(fill_item(engine, item, params, context=context))
+        exact += filled[-1].strip() == item[1].replace("[MASK]", item[2]).strip()
     return {**score(filled), "items": n, "exact": exact / n, "context": context,
             "decoding": f"{params.decoding}, block {min(params.block_length, 32)}, "
                         f"temperature {params.temperature:g}, span = the hidden word's tokens"}
+
+
+def fill_item(engine, item: tuple[str, str, str], params, *, context: bool = True) -> str:
+    """The sentence of one ``infill_items`` item with its [MASK] filled by ``engine`` (span =
+    the hidden word's token count); with ``context`` the story before it is pinned in front."""
+    ctx, sent, word = item
+    lead = ctx + " " if context and ctx else ""
+    span = len(engine.tokenizer.encode(" " + word, add_special_tokens=False))
+    full = engine.infill_text(lead + sent, params, span=span)
+    if not full.startswith(lead):               # the context is pinned; this cannot happen
+        raise RuntimeError(f"infill changed its pinned context: {full!r}")
+    return full[len(lead):]
