@@ -116,3 +116,19 @@ def test_infill_grammar_matches_the_card():
     assert f": {alone['grammatical']:.1%}." in text
     measured = storycheck.measure_infill(str(TINY), n=alone["items"], context=False)
     assert abs(measured["grammatical"] - alone["grammatical"]) <= 0.1
+
+
+def test_infill_tab_examples_fill_grammatically_at_the_tab_default_span():
+    """The examples the Infill tab offers are ones the shipped model fills well at the tab's
+    default span: no [MASK] left, the pinned words kept, every sentence in the grammar."""
+    from celeris.train import storycheck
+    from ui.examples import examples
+    from ui.infill import DEFAULT_SPAN
+
+    engine = Engine.from_pretrained(str(TINY), device="cpu")
+    texts = examples("infill")
+    assert len(texts) >= 3
+    for text in texts:
+        out = engine.infill_text(text, engine.default_params(), span=DEFAULT_SPAN)
+        assert "[MASK]" not in out and out.endswith(text.rsplit("[MASK]", 1)[1])
+        assert storycheck.score([out])["grammatical"] == 1.0, out

@@ -20,6 +20,7 @@ from .playground import make_stop_gauges
 from .trajectory import Trajectory
 
 MARKER = "[MASK]"
+DEFAULT_SPAN = 1        # tokens per [MASK]: the shipped model's story words are one token each
 
 
 def check_infill_text(text: str) -> str:
@@ -64,7 +65,9 @@ def create_ui(slot: EngineSlot) -> None:
         text = gr.Textbox(samples[0] if samples else f"Once upon a time {MARKER}.", lines=3,
                           label="text with [MASK] spans", elem_id="infill-text")
         with gr.Row():
-            span = gr.Slider(1, 64, value=4, step=1, label="tokens per [MASK]",
+            span = gr.Slider(1, 64, value=DEFAULT_SPAN, step=1, label="tokens per [MASK]",
+                             info="each [MASK] becomes exactly this many tokens; the tiny "
+                                  "model's story words are one token each",
                              elem_id="infill-span")
             decoding = gr.Dropdown(list(DECODINGS), value="fixed", label="decoding",
                                    elem_id="infill-decoding")
