@@ -26,15 +26,13 @@ CACHE_CHOICES = CACHES
 # quality: the reference linear schedule, one token per step, no cache (LLaDA's sampler);
 # story: the same, one position at a time left to right (block 1): the small shipped model
 # writes grammatical stories this way and drops words at wide blocks (see its model card).
+_QUALITY = {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
+            "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"}
 PRESETS: dict[str, dict[str, Any]] = {
-    "fast": {"decoding": "threshold", "threshold": 0.9, "cache": "prefix", "steps": 0,
-             "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
-    "balanced": {"decoding": "threshold", "threshold": 0.95, "cache": "none", "steps": 0,
-                 "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
-    "quality": {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
-                "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"},
-    "story": {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
-              "block_length": 1, "temperature": 0.0, "remasking": "low_confidence"},
+    "fast": {**_QUALITY, "decoding": "threshold", "cache": "prefix"},
+    "balanced": {**_QUALITY, "decoding": "threshold", "threshold": 0.95},
+    "quality": _QUALITY,
+    "story": {**_QUALITY, "block_length": 1},
 }
 
 

@@ -283,12 +283,12 @@ def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> li
         out.append({"prompt": p, "decoding": f"block {params.block_length}",
                     "output": engine.generate(msg, params).text})
     for item in infill_items(INFILL_CARD_ITEMS):
-        before = len(sentences(item[0])[0])
+        before = len(sentences(item.context)[0])
         where = ("the story's first sentence" if not before else
                  "after the story's first sentence, pinned" if before == 1 else
                  f"after the story's first {before} sentences, pinned")
-        out.append({"prompt": item[1], "decoding": where,
-                    "output": fill_item(engine, item, params), "hidden": item[2]})
+        out.append({"prompt": item.text, "decoding": where,
+                    "output": fill_item(engine, item, params), "hidden": item.word})
     # One token per [MASK] (the story grammar's words are one token each), then the first text
     # again with two tokens per span.
     for text, span in [(t, 1) for t in INFILL_TEXTS] + [(INFILL_TEXTS[0], 2)]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import re
 from functools import lru_cache
+from typing import NamedTuple
 
 from celeris.train import corpus as C
 
@@ -153,7 +154,13 @@ INFILL_ITEMS = 40             # held-out sentences, one lexicon word masked in e
 INFILL_TAGS = ("NAME", "KIND", "ADJ", "OBJ", "PLACE", "ACT")
 
 
-def infill_items(n: int = INFILL_ITEMS) -> list[tuple[str, str, str]]:
+class InfillItem(NamedTuple):
+    context: str        # the story before the sentence ("" for its first sentence)
+    text: str           # the sentence with one [MASK]
+    word: str           # the word the [MASK] hides
+
+
+def infill_items(n: int = INFILL_ITEMS) -> list[InfillItem]:
     """(context, sentence with one ``[MASK]``, the word it hides) for ``n`` held-out stories.
 
     The hidden word of item ``i`` is drawn from the lexicon words (names, kinds, adjectives,
@@ -164,7 +171,7 @@ def infill_items(n: int = INFILL_ITEMS) -> list[tuple[str, str, str]]:
     if not isinstance(n, int) or not 1 <= n <= 200:
         raise ValueError(f"n must be an integer in [1, 200], got {n!r}")
     pat, tags = _pattern()
-    out: list[tuple[str, str, str]] = []
+    out: list[InfillItem] = []
     for i, story in enumerate(C.heldout_stories(n)):
         rng = random.Random(f"celeris-infill:{i}")
         done = sentences(story)[0]
@@ -173,8 +180,8 @@ def infill_items(n: int = INFILL_ITEMS) -> list[tuple[str, str, str]]:
                    and sent[m.start() - 1] == " "]
         j, m = rng.choice(choices)
         sent = done[j]
-        out.append((" ".join(done[:j]), sent[:m.start()] + "[MASK]" + sent[m.end():],
-                    m.group(0)))
+        out.append(InfillItem(" ".join(done[:j]),
+                              sent[:m.start()] + "[MASK]" + sent[m.end():], m.group(0)))
     return out
 
 
@@ -195,19 +202,18 @@ def measure_infill(model_dir: str, *, n: int = INFILL_ITEMS, context: bool = Tru
     filled, exact = [], 0
     for item in infill_items(n):
         filled.append(fill_item(engine, item, params, context=context))
-        exact += filled[-1].strip() == item[1].replace("[MASK]", item[2]).strip()
+        exact += filled[-1].strip() == item.text.replace("[MASK]", item.word).strip()
     return {**score(filled), "items": n, "exact": exact / n, "context": context,
             "decoding": f"{params.decoding}, block {min(params.block_length, 32)}, "
                         f"temperature {params.temperature:g}, span = the hidden word's tokens"}
 
 
-def fill_item(engine, item: tuple[str, str, str], params, *, context: bool = True) -> str:
+def fill_item(engine, item: InfillItem, params, *, context: bool = True) -> str:
     """The sentence of one ``infill_items`` item with its [MASK] filled by ``engine`` (span =
     the hidden word's token count); with ``context`` the story before it is pinned in front."""
-    ctx, sent, word = item
-    lead = ctx + " " if context and ctx else ""
-    span = len(engine.tokenizer.encode(" " + word, add_special_tokens=False))
-    full = engine.infill_text(lead + sent, params, span=span)
+    lead = item.context + " " if context and item.context else ""
+    span = len(engine.tokenizer.encode(" " + item.word, add_special_tokens=False))
+    full = engine.infill_text(lead + item.text, params, span=span)
     if not full.startswith(lead):               # the context is pinned; this cannot happen
         raise RuntimeError(f"infill changed its pinned context: {full!r}")
     return full[len(lead):]
