@@ -76,3 +76,95 @@ class BlockKVCache:
                 new = torch.where(keep, buf.gather(2, idx), new)
             buf.scatter_(2, idx, new.to(buf.dtype))
         return self.k[layer], self.v[layer]
+
+
+class SlotKVCache:
+    """The exact, append-only KV cache of block-causal models (Arriola et al. 2025, BD3-LM;
+    SDAR; Fast-dLLM v2): once a block is finished its keys/values never change, so they are
+    written once and read by every later step, like an autoregressive cache.
+
+    Storage is allocated once, (slots, Hkv, max_len, D) per layer, with a slot per running
+    request; requests joining or leaving only take or return a slot number (the storage grows,
+    by doubling, only when more requests run at once than ever before). ``bind`` describes one
+    forward: each row's slot and cached length, and for each window column its absolute
+    position, whether other columns may attend to it, and whether its keys/values are written
+    to the cache (a finished block, or the prompt's whole blocks at the first step).
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device, slots: int = 4) -> None:
+        self.shape = (num_kv_heads, max_len, head_dim)
+        self.num_layers, self.dtype, self.device = num_layers, dtype, device
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.free: list[int] = []
+        self._grow(slots)
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[0]
+
+    def _grow(self, slots: int) -> None:
+        old = self.capacity if self.k else 0
+        for buffers in (self.k, self.v):
+            for layer in range(self.num_layers):
+                new = torch.zeros(slots, *self.shape, dtype=self.dtype, device=self.device)
+                if old:
+                    new[:old] = buffers[layer]
+                    buffers[layer] = new
+                else:
+                    buffers.append(new)
+        self.free = sorted(self.free + list(range(old, slots)), reverse=True)
+
+    def take(self) -> int:
+        """A free slot (the lowest, so that small batches use a contiguous range)."""
+        if not self.free:
+            self._grow(2 * self.capacity)
+        return self.free.pop()
+
+    def give_back(self, slot: int) -> None:
+        self.free.append(slot)
+        self.free.sort(reverse=True)
+
+    def bind(self, slots: list[int], lengths: list[int], positions: torch.Tensor,
+             visible: torch.Tensor, writes: list[tuple[int, int, int, int]]) -> "SlotView":
+        """A KVView for one forward. positions/visible (B, W); writes: (row, column, slot,
+        position) of every window column whose keys/values go into the cache."""
+        return SlotView(self, slots, lengths, positions, visible, writes)
+
+
+class SlotView:
+    """One forward's access to a SlotKVCache (see ``celeris.model.KVView``)."""
+
+    def __init__(self, cache: SlotKVCache, slots: list[int], lengths: list[int],
+                 positions: torch.Tensor, visible: torch.Tensor,
+                 writes: list[tuple[int, int, int, int]]) -> None:
+        dev = positions.device
+        self.cache, self.B = cache, len(slots)
+        self.cached = max(lengths, default=0)                    # Lc: cache columns to read
+        first = slots[0] if slots else 0
+        self._rows = (slice(first, first + len(slots)) if slots == list(
+            range(first, first + len(slots))) else torch.tensor(slots, device=dev))
+        col = torch.arange(self.cached, device=dev)
+        in_cache = col[None, :] < torch.tensor(lengths, device=dev)[:, None]     # (B, Lc)
+        self.key_mask = torch.cat([in_cache, visible], dim=1)                   # (B, Lc+W)
+        self.key_positions = torch.cat([col.expand(self.B, -1), positions], dim=1)
+        self._writes = None
+        if writes:
+            w = torch.tensor(writes, device=dev).T                              # (4, N)
+            self._writes = (w[0], w[1], w[2], w[3])
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the marked columns of k/v (B, Hkv, W, D) into their slots; return the cached
+        prefix followed by the window, (B, Hkv, Lc + W, D)."""
+        out = []
+        for store, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
+            if self._writes is not None:
+                row, col, slot, pos = self._writes
+                store[slot, :, pos] = new[row, :, col].to(store.dtype)          # (N, Hkv, D)
+            if self.cached:
+                old = store[self._rows, :, :self.cached]                        # (B, Hkv, Lc, D)
+                new = torch.cat([old.to(new.dtype), new], dim=2)
+            out.append(new)
+        return out[0], out[1]

@@ -27,7 +27,8 @@ from .config import EngineBusyError, EngineClosedError, EngineConfig, ModelLoadE
 from .model import load_model
 from .outputs import GenerationResult, StepEvent
 from .params import GenerationParams
-from .sampler import SamplerRequest, SpecialTokens
+from .cache import SlotKVCache
+from .sampler import SamplerRequest, SpecialTokens, new_slot_cache
 from .scheduler import Scheduler
 from .steploop import StepLoop, cut_at_stop, is_final  # noqa: F401 (cut_at_stop: public)
 from .tokenizer import Messages, Tokenizer
@@ -67,6 +68,11 @@ class Engine:
         self._lock = threading.Lock()            # guards starting/stopping the scheduler
         self._scheduler: Scheduler | None = None
         self._inline: dict[str, StepLoop] = {}   # request id -> its inline loop (for abort)
+        self._kv: SlotKVCache | None = None      # block-causal models: one static KV cache
+        self.block_causal = bool(getattr(model.config, "block_causal", False))
+        if self.block_causal:
+            self._defaults = block_defaults(self._defaults, model.config.block_size,
+                                            generation_defaults or {})
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -105,9 +111,11 @@ class Engine:
             raise ContextLengthError(len(ids), params.gen_length, limit)
         if len(ids) > self.config.max_prompt_tokens:
             raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
-        if canvas is not None and len(canvas) != params.gen_length:
-            raise ValueError(f"canvas has {len(canvas)} positions but gen_length is "
-                             f"{params.gen_length}")
+        if canvas is not None and len(canvas) != params.canvas_length:
+            raise ValueError(f"canvas has {len(canvas)} positions but gen_length "
+                             f"{params.gen_length} needs {params.canvas_length}")
+        if self.block_causal:
+            check_block_params(params, self.model.config.block_size, canvas)
         seed = params.seed if params.seed is not None else secrets.randbits(62)
         return SamplerRequest(request_id or new_request_id(), tuple(ids), params, seed,
                               None if canvas is None else tuple(canvas))
@@ -241,7 +249,9 @@ class Engine:
     # ------------------------------------------------------------------ the loops
     def _new_loop(self) -> StepLoop:
         shift = 1 if getattr(self.model.config, "shift_logits", False) else 0
-        return StepLoop(self.model, self.tokenizer, self.special, self.device, shift)
+        if self.block_causal and self._kv is None:
+            self._kv = new_slot_cache(self.model, max(4, self.config.max_running))
+        return StepLoop(self.model, self.tokenizer, self.special, self.device, shift, self._kv)
 
     def _generate(self, specs: list[tuple], stream: bool
                   ) -> Iterator[StepEvent | GenerationResult]:
@@ -434,6 +444,34 @@ def read_generation_defaults(model_dir: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise ModelLoadError(f"{path}: {exc}") from None
     return defaults
+
+
+def block_defaults(defaults: GenerationParams, block_size: int,
+                   given: dict[str, Any]) -> GenerationParams:
+    """A block-causal model's defaults: sub-blocks of the model's block size unless its
+    generation_config says otherwise, and the exact KV cache."""
+    changes: dict[str, Any] = {}
+    if "block_length" not in given:
+        changes["block_length"] = block_size
+    if "cache" not in given:
+        changes["cache"] = "prefix"
+    if "steps" not in given:
+        changes["steps"] = None
+    return defaults.replace(**changes) if changes else defaults
+
+
+def check_block_params(params: GenerationParams, block_size: int,
+                       canvas: Sequence[int] | None) -> None:
+    """What a block-causal model needs of a request, beyond GenerationParams' own checks."""
+    if block_size % params.block_length:
+        divisors = [d for d in range(1, block_size + 1) if block_size % d == 0]
+        raise ValueError(f"block_length must divide the model's block size {block_size} "
+                         f"(one of {', '.join(map(str, divisors))}), got {params.block_length}")
+    if canvas is not None:
+        raise ValueError("infilling needs a full-attention model; this model is block-causal "
+                         "(it writes left to right, block after block)")
+    if params.cfg_scale > 0:
+        raise ValueError("cfg_scale > 0 is not supported for block-causal models")
 
 
 def memory_info(device: torch.device) -> dict[str, Any]:

@@ -31,8 +31,13 @@ DREAM_ALGS = {"maskgit_plus": "low_confidence", "topk_margin": "margin",
 class GenerationParams:
     """How one request is denoised.
 
-    gen_length:   masked positions appended to the prompt (the answer canvas).
-    block_length: semi-autoregressive block size; blocks are denoised left to right.
+    gen_length:   at most this many answer tokens (OpenAI's max_tokens): a full-attention
+                  model denoises a canvas of whole blocks (gen_length rounded up to a multiple
+                  of block_length) and the answer is cut at gen_length (finish "length"); a
+                  block-causal model generates block after block until EOS or this cap.
+    block_length: semi-autoregressive block size; blocks are denoised left to right. For a
+                  block-causal model it is the sub-block (Fast-dLLM v2): a divisor of the
+                  model's block size, committed left to right inside each model block.
     steps:        denoising steps over the whole canvas for ``decoding="fixed"``, split evenly
                   across blocks (LLaDA's linear schedule). None = gen_length (one token a step).
                   For adaptive decodings it is the cap on steps per block times blocks.
@@ -81,11 +86,16 @@ class GenerationParams:
     # ----------------------------------------------------------------- derived
     @property
     def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
+        return -(-self.gen_length // self.block_length)
+
+    @property
+    def canvas_length(self) -> int:
+        """gen_length rounded up to whole blocks: the full-attention canvas."""
+        return self.num_blocks * self.block_length
 
     @property
     def total_steps(self) -> int:
-        return self.gen_length if self.steps is None else self.steps
+        return self.canvas_length if self.steps is None else self.steps
 
     @property
     def steps_per_block(self) -> int:
@@ -145,17 +155,15 @@ def _check_bool(name: str, value: Any) -> None:
 def _validate(p: GenerationParams) -> None:
     _check_int("gen_length", p.gen_length, 1, MAX_GEN_LENGTH)
     _check_int("block_length", p.block_length, 1, MAX_GEN_LENGTH)
-    if p.gen_length % p.block_length:
-        raise ValueError(f"gen_length ({p.gen_length}) must be a multiple of block_length "
-                         f"({p.block_length})")
     if p.steps is not None:
         _check_int("steps", p.steps, 1, MAX_STEPS)
-        blocks = p.gen_length // p.block_length
+        blocks = p.num_blocks
         if p.steps % blocks:
             raise ValueError(f"steps ({p.steps}) must be a multiple of the number of blocks "
-                             f"gen_length/block_length = {blocks}")
-        if p.steps > p.gen_length:
-            raise ValueError(f"steps ({p.steps}) must be at most gen_length ({p.gen_length})")
+                             f"ceil(gen_length/block_length) = {blocks}")
+        if p.steps > p.canvas_length:
+            raise ValueError(f"steps ({p.steps}) must be at most gen_length rounded up to "
+                             f"whole blocks ({p.canvas_length})")
     _check_float("temperature", p.temperature, 0.0, MAX_TEMPERATURE)
     _check_float("top_p", p.top_p, 0.0, 1.0, lo_open=True)
     _check_int("top_k", p.top_k, 0, 1_000_000)

@@ -19,8 +19,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
+from .cache import SlotKVCache
 from .outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
-from .sampler import DenoiseBatch, SamplerRequest, SpecialTokens, StepOutput
+from .sampler import (BlockBatch, DenoiseBatch, NonFiniteLogitsError, SamplerRequest,
+                      SpecialTokens, StepOutput, new_slot_cache)
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +53,11 @@ class RequestState:
     first_block_s: float | None = None
     stopped_by_string: bool = False
     last: StepOutput | None = None
+    group: tuple = ()                    # the batch it runs in (set by StepLoop.add)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
-
-    @property
-    def group(self) -> tuple[str, int]:
-        return self.request.params.cache, self.request.params.block_length
 
     def event(self, out: StepOutput) -> StepEvent:
         params = self.request.params
@@ -79,6 +78,8 @@ class RequestState:
         out, params = self.last, self.request.params
         canvas = out.canvas if out else ()
         answer = self.tokenizer.answer_ids(canvas)
+        if len(answer) > params.gen_length:          # a canvas of whole blocks: cut at the cap
+            answer, finish = answer[:params.gen_length], FinishReason.LENGTH
         text, cut = cut_at_stop(self.tokenizer.decode(answer), params.stop)
         ids = (tuple(answer) if not cut
                else tuple(self.tokenizer.encode(text, add_special_tokens=False)))
@@ -99,10 +100,12 @@ class StepLoop:
     """The running requests, stepped one group (one forward) per ``step()`` call."""
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens,
-                 device: torch.device, shift: int = 0) -> None:
+                 device: torch.device, shift: int = 0, kv: SlotKVCache | None = None) -> None:
         self.model, self.tokenizer, self.special = model, tokenizer, special
         self.device, self.shift = device, shift
-        self._groups: dict[tuple[str, int], DenoiseBatch] = {}
+        self.block_causal = bool(getattr(model.config, "block_causal", False))
+        self.kv = kv                     # block-causal models: one static cache for the loop
+        self._groups: dict[tuple, Any] = {}
         self._states: dict[str, RequestState] = {}
         self._aborts: set[str] = set()
         self._abort_lock = threading.Lock()
@@ -121,15 +124,15 @@ class StepLoop:
 
     def add(self, states: Iterable[RequestState]) -> list[tuple[RequestState, Item]]:
         """Join requests to their groups; a group that rejects them fails only them."""
-        by_group: dict[tuple[str, int], list[RequestState]] = {}
+        by_group: dict[tuple, list[RequestState]] = {}
         for st in states:
+            st.group = self._group_of(st.request.params)
             by_group.setdefault(st.group, []).append(st)
         failed: list[tuple[RequestState, Item]] = []
         for key, group in by_group.items():
             batch = self._groups.get(key)
             if batch is None:
-                batch = DenoiseBatch(self.model, self.special, self.device, cache=key[0],
-                                     shift=self.shift)
+                batch = self._new_batch(key)
             try:
                 batch.add([st.request for st in group])
             except Exception as exc:   # e.g. an infill canvas of the wrong length
@@ -138,6 +141,25 @@ class StepLoop:
             self._groups[key] = batch
             self._states.update((st.request_id, st) for st in group)
         return failed
+
+    def _group_of(self, params: Any) -> tuple:
+        """Requests that can share a forward: block-causal ones all do (any block, any
+        prompt length), except the cache-less reference path; full-canvas ones need the same
+        cache policy and block length."""
+        if self.block_causal:
+            return ("block", params.cache != "none")
+        return (params.cache, params.block_length)
+
+    def _new_batch(self, key: tuple) -> Any:
+        if not self.block_causal:
+            return DenoiseBatch(self.model, self.special, self.device, cache=key[0],
+                                shift=self.shift)
+        kv = None
+        if key[1]:
+            if self.kv is None:
+                self.kv = new_slot_cache(self.model)
+            kv = self.kv
+        return BlockBatch(self.model, self.special, self.device, kv, bool(self.shift))
 
     def abort(self, request_id: str) -> None:
         """Mark a running request; it leaves (finish "abort") at the next ``step()``."""
@@ -190,6 +212,10 @@ class StepLoop:
                 if st.events:
                     items.append((st, event))
                 finish = out.finish
+                if finish == "error":
+                    del self._states[st.request_id]
+                    items.append((st, NonFiniteLogitsError([st.request_id])))
+                    continue
                 if finish is None and st.stopped_by_string:
                     batch.remove([st.request_id])
                     finish = "stop"

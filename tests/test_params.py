@@ -13,10 +13,10 @@ from celeris import EngineConfig, GenerationParams
     ({"gen_length": 0}, r"gen_length must be in \[1, 4096\], got 0"),
     ({"gen_length": 2.5}, r"gen_length must be an integer"),
     ({"gen_length": True}, r"gen_length must be an integer"),
-    ({"gen_length": 100, "block_length": 32}, r"gen_length \(100\) must be a multiple of "
-                                              r"block_length \(32\)"),
+    ({"gen_length": 100, "block_length": 32, "steps": 3},
+     r"steps \(3\) must be a multiple of the number of blocks ceil\(gen_length/block_length\) = 4"),
     ({"steps": 3}, r"steps \(3\) must be a multiple of the number of blocks"),
-    ({"steps": 256}, r"steps \(256\) must be at most gen_length \(128\)"),
+    ({"steps": 256}, r"steps \(256\) must be at most gen_length rounded up to whole blocks \(128\)"),
     ({"temperature": math.nan}, r"temperature must be a finite number in \[0.0, 10.0\]"),
     ({"temperature": math.inf}, r"temperature must be a finite number"),
     ({"temperature": -0.1}, r"temperature must be in \[0.0, 10.0\], got -0.1"),
@@ -39,6 +39,12 @@ def test_defaults_are_valid_and_derived_values_follow_llada():
     p = GenerationParams(gen_length=256, block_length=32, steps=64)
     assert (p.num_blocks, p.steps_per_block) == (8, 8)
     assert GenerationParams(gen_length=64).total_steps == 64   # steps=None: one token a step
+
+
+def test_gen_length_is_a_cap_and_the_canvas_rounds_up_to_whole_blocks():
+    p = GenerationParams(gen_length=100, block_length=32)
+    assert (p.num_blocks, p.canvas_length, p.total_steps) == (4, 128, 128)
+    assert GenerationParams(gen_length=5, block_length=32).canvas_length == 32
 
 
 def test_dream_algorithm_names_map_onto_confidence_measures():

@@ -27,12 +27,14 @@ GENERATION_DEFAULTS = {"gen_length": 16, "block_length": 8, "temperature": 0.0,
 
 def make_tiny_model_dir(path: str | Path, shift_logits: bool = False, seed: int = 0, *,
                         vocab_merges: int = 64, max_position_embeddings: int = 256,
-                        generation_defaults: dict[str, Any] | None = None) -> Path:
+                        generation_defaults: dict[str, Any] | None = None,
+                        **config: Any) -> Path:
     """Write a random tiny model + tokenizer into ``path`` and return it.
 
     The model has 2 layers, hidden size 32 and a context of ``max_position_embeddings``
     tokens; ``seed`` fixes its weights. ``generation_defaults`` replaces the small defaults
-    written to generation_config.json.
+    written to generation_config.json; ``config`` adds or overrides config fields (e.g.
+    ``attention="block_causal", block_size=4`` for a block-diffusion model).
     """
     import torch
     from transformers import PreTrainedTokenizerFast
@@ -53,7 +55,7 @@ def make_tiny_model_dir(path: str | Path, shift_logits: bool = False, seed: int 
         num_attention_heads=4, max_position_embeddings=max_position_embeddings,
         shift_logits=shift_logits, initializer_range=0.5, mask_token_id=vocab["<|mask|>"],
         eot_token_id=vocab["<|eot|>"], eos_token_id=vocab["<|eos|>"],
-        pad_token_id=vocab["<|pad|>"], bos_token_id=vocab["<|bos|>"])
+        pad_token_id=vocab["<|pad|>"], bos_token_id=vocab["<|bos|>"], **config)
     torch.manual_seed(seed)
     celeris.CelerisForMaskedDiffusion(cfg).save_pretrained(str(path))
     defaults = GENERATION_DEFAULTS if generation_defaults is None else generation_defaults

@@ -1,8 +1,13 @@
-"""Model configurations: our canonical one and the upstream LLaDA / Dream spellings.
+"""Model configurations: our canonical one and the upstream spellings.
 
-All three describe the same bidirectional transformer; LLaDA and Dream configs only rename
-fields (LLaDA keeps OLMo's names: d_model, n_layers, ...) and set the flags that differ
-(Dream: q/k/v biases and logits shifted by one position).
+All of them describe one Llama-style transformer; the upstream configs only rename fields and
+set the flags that differ:
+
+- LLaDA (OLMo names: d_model, n_layers, ...) and Dream (Qwen2 names, q/k/v biases, logits
+  shifted by one position) attend bidirectionally over the whole canvas.
+- Fast-dLLM v2 (Qwen2.5 blocks, q/k/v biases, ``bd_size``, shifted logits) and SDAR (Qwen3
+  blocks with per-head q/k RMSNorm) attend *block-causally*: a position sees every earlier
+  block and its whole own block, so the keys/values of finished blocks never change.
 """
 
 from __future__ import annotations
@@ -10,9 +15,17 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 
+ATTENTIONS = ("bidirectional", "block_causal")
+
+
 class CelerisConfig(PretrainedConfig):
     """A masked-diffusion transformer: Llama-style blocks with the causal mask removed.
 
+    attention:    "bidirectional" (LLaDA, Dream, celeris-tiny: every position sees every
+                  other) or "block_causal" (Fast-dLLM v2, SDAR, celeris-tiny-bd: a position sees
+                  the earlier blocks of ``block_size`` positions, counted from position 0, and
+                  its own block both ways; the KV cache of finished blocks is then exact).
+    qk_norm:      RMSNorm over each head's queries and keys before RoPE (Qwen3, SDAR).
     shift_logits: Dream's convention: the logits for position i are read from the hidden state
                   at i-1 (the model was initialised from an autoregressive one). It also helps a
                   tiny model trained from scratch: a masked position gets its neighbour's
@@ -29,7 +42,8 @@ class CelerisConfig(PretrainedConfig):
                  qkv_bias: bool = False, shift_logits: bool = False,
                  tie_word_embeddings: bool = False, initializer_range: float = 0.02,
                  mask_token_id: int | None = None, eot_token_id: int | None = None,
-                 conv_kernel_size: int = 0, **kwargs) -> None:
+                 conv_kernel_size: int = 0, attention: str = "bidirectional",
+                 block_size: int | None = None, qk_norm: bool = False, **kwargs) -> None:
         if conv_kernel_size:
             raise ValueError("conv_kernel_size is not supported (it breaks the block KV cache); "
                              "use shift_logits=True for the same effect")
@@ -48,6 +62,9 @@ class CelerisConfig(PretrainedConfig):
         self.initializer_range = initializer_range
         self.mask_token_id = mask_token_id
         self.eot_token_id = eot_token_id
+        self.attention = attention
+        self.block_size = block_size
+        self.qk_norm = qk_norm
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         self._check()
 
@@ -62,6 +79,18 @@ class CelerisConfig(PretrainedConfig):
                              f"of num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"config field attention must be one of {', '.join(ATTENTIONS)}, "
+                             f"got {self.attention!r}")
+        if self.attention == "block_causal":
+            bs = self.block_size
+            if isinstance(bs, bool) or not isinstance(bs, int) or not 1 <= bs <= 1024:
+                raise ValueError(f"config field block_size must be an integer in [1, 1024] for "
+                                 f"block_causal attention, got {bs!r}")
+
+    @property
+    def block_causal(self) -> bool:
+        return self.attention == "block_causal"
 
 
 # Upstream LLaDA (OLMo lineage) field names -> ours.
@@ -103,4 +132,39 @@ class DreamConfig(CelerisConfig):
         super().__init__(qkv_bias=qkv_bias, shift_logits=shift_logits, **kwargs)
 
 
-CONFIG_CLASSES = {cls.model_type: cls for cls in (CelerisConfig, LLaDAConfig, DreamConfig)}
+class FastDLLMQwenConfig(CelerisConfig):
+    """Efficient-Large-Model/Fast_dLLM_v2_* configs (model_type "Fast_dLLM_Qwen"): Qwen2.5
+    blocks with q/k/v biases, block-causal over ``bd_size`` positions, and logits shifted by
+    one position (the token at i is predicted from the state at i-1, as in the AR model it was
+    adapted from)."""
+
+    model_type = "Fast_dLLM_Qwen"
+
+    def __init__(self, bd_size: int = 32, qkv_bias: bool = True, shift_logits: bool = True,
+                 **kwargs) -> None:
+        qkv_bias = kwargs.pop("attention_bias", qkv_bias)    # Qwen's spelling
+        kwargs.setdefault("attention", "block_causal")
+        kwargs.setdefault("block_size", bd_size)
+        self.bd_size = bd_size
+        super().__init__(qkv_bias=qkv_bias, shift_logits=shift_logits, **kwargs)
+
+
+class SDARConfig(CelerisConfig):
+    """JetLM/SDAR-* configs (model_type "sdar"): Qwen3 blocks (per-head q/k RMSNorm, no
+    biases unless ``attention_bias``), block-causal, logits not shifted. The checkpoints do not
+    record their block length; SDAR's chat models were trained with blocks of 4, which is the
+    default here (``block_length``/``block_size`` in config.json override it)."""
+
+    model_type = "sdar"
+
+    def __init__(self, qk_norm: bool = True, **kwargs) -> None:
+        kwargs["qkv_bias"] = kwargs.pop("attention_bias", kwargs.get("qkv_bias", False))
+        kwargs.setdefault("attention", "block_causal")
+        if kwargs.get("block_size") is None:
+            kwargs["block_size"] = kwargs.pop("block_length", None) or 4
+        kwargs.setdefault("rms_norm_eps", 1e-6)
+        super().__init__(qk_norm=qk_norm, **kwargs)
+
+
+CONFIG_CLASSES = {cls.model_type: cls for cls in (CelerisConfig, LLaDAConfig, DreamConfig,
+                                                  FastDLLMQwenConfig, SDARConfig)}

@@ -1,8 +1,11 @@
-"""The native bidirectional transformer behind LLaDA, Dream and celeris-tiny.
+"""The native transformer behind LLaDA, Dream, Fast-dLLM v2, SDAR and the celeris-tiny models.
 
-Llama-style blocks (RMSNorm, RoPE, SwiGLU) with no causal mask: every position attends to every
-real position. Parameter names follow the Qwen2/Dream spelling; ``weights.py`` maps LLaDA's
-OLMo-style names onto them.
+Llama-style blocks (RMSNorm, RoPE, SwiGLU; optional q/k biases and Qwen3's per-head q/k norm)
+with no causal mask. ``config.attention`` decides what a position sees: every real position
+(bidirectional: LLaDA, Dream, celeris-tiny) or every earlier block and its own block
+(block_causal: Fast-dLLM v2, SDAR, celeris-tiny-bd; blocks are counted in absolute positions,
+so the mask follows from the RoPE positions alone). Parameter names follow the Qwen2/Qwen3
+spelling; ``weights.py`` maps LLaDA's OLMo-style names onto them.
 
 A forward may cover only a window of the canvas when a ``KVView`` supplies the keys and values
 of the other positions (the block KV cache); the model itself keeps no state between calls.
@@ -18,7 +21,9 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
-from .configuration import CelerisConfig, DreamConfig, LLaDAConfig
+from ..config import ModelLoadError
+from .configuration import (CelerisConfig, DreamConfig, FastDLLMQwenConfig, LLaDAConfig,
+                            SDARConfig)
 
 
 class KVView(Protocol):
@@ -26,10 +31,12 @@ class KVView(Protocol):
 
     ``update`` receives the fresh keys/values of the positions in this forward, (B, Hkv, W, D),
     and returns the full keys/values to attend to, (B, Hkv, Lk, D). ``key_mask`` is (B, Lk) bool,
-    True for real (attendable) positions.
+    True for real (attendable) positions. ``key_positions`` (B, Lk), the absolute position of
+    each key, is needed by block-causal models (None: the keys are the forward's own positions).
     """
 
     key_mask: torch.Tensor | None
+    key_positions: torch.Tensor | None
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -78,13 +85,20 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:   # Qwen3 / SDAR: RMSNorm over each head's queries and keys
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 key_mask: torch.Tensor | None, kv: KVView | None) -> torch.Tensor:
         B, W, _ = x.shape
-        q = self.q_proj(x).view(B, W, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, W, D)
-        k = self.k_proj(x).view(B, W, self.n_kv, self.head_dim).transpose(1, 2)     # (B, Hkv, W, D)
-        v = self.v_proj(x).view(B, W, self.n_kv, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(B, W, self.n_heads, self.head_dim)                  # (B, W, H, D)
+        k = self.k_proj(x).view(B, W, self.n_kv, self.head_dim)                     # (B, W, Hkv, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)                                 # (B, H, W, D)
+        v = self.v_proj(x).view(B, W, self.n_kv, self.head_dim).transpose(1, 2)     # (B, Hkv, W, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if kv is not None:
             k, v = kv.update(self.layer, k, v)                                      # (B, Hkv, Lk, D)
@@ -158,19 +172,34 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' loader, but a checkpoint that leaves any weight missing (and so
+        randomly initialised) is refused with the keys named instead of a warning."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(info.get("missing_keys") or ())
+        if missing:
+            where = args[0] if args else kwargs.get("pretrained_model_name_or_path", "")
+            raise ModelLoadError(f"weights in {where} lack {len(missing)} tensor(s) the "
+                                 f"{cls.__name__} needs, e.g. {', '.join(missing[:5])}")
+        return (model, info) if want_info else model
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, logits_mask: torch.Tensor | None = None,
-                kv: KVView | None = None, **unused) -> MaskedLMOutput:
+                kv: KVView | None = None, logits_index: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, **unused) -> MaskedLMOutput:
         """input_ids (B, W); attention_mask (B, Lk) with 1 for real tokens (Lk = W without a
         cache); position_ids (B, W), default: positions counted from each row's first real
-        token; logits_mask (B, W) bool selects the rows of the returned logits, (N, V)."""
+        token; logits_mask (B, W) bool selects the rows of the returned logits, (N, V);
+        logits_index (B, N) gathers them instead, (B, N, V); attn_mask (B, 1, W, Lk) bool
+        replaces the mask the config implies (training layouts)."""
         if attention_mask is None and kv is not None:
             attention_mask = kv.key_mask
         if position_ids is None:
             position_ids = default_positions(input_ids, attention_mask)
-        key_mask = None   # callers pass no mask when nothing is padded (SDPA's fast path)
-        if attention_mask is not None:
-            key_mask = attention_mask.bool()[:, None, None, :]                     # (B, 1, 1, Lk)
+        key_mask = attn_mask if attn_mask is not None else self._attention_mask(
+            position_ids, attention_mask, kv)
         h = self.model.embed_tokens(input_ids)                                     # (B, W, C)
         cos, sin = rope_tables(position_ids, self.config.head_dim, self.config.rope_theta,
                                h.dtype)
@@ -179,9 +208,26 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         h = self.model.norm(h)
         if self.config.shift_logits:
             h = torch.cat([h[:, :1], h[:, :-1]], dim=1)   # logits at i come from state i-1
-        if logits_mask is not None:
+        if logits_index is not None:
+            h = h.gather(1, logits_index[..., None].expand(-1, -1, h.shape[-1]))   # (B, N, C)
+        elif logits_mask is not None:
             h = h[logits_mask]                            # (N, C)
         return MaskedLMOutput(logits=self.lm_head(h))
+
+    def _attention_mask(self, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                        kv: KVView | None) -> torch.Tensor | None:
+        """(B, 1, W|1, Lk) bool, or None when every key is visible (SDPA's fast path)."""
+        valid = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        if not self.config.block_causal:
+            return valid                                                           # (B, 1, 1, Lk)
+        bs = self.config.block_size
+        key_pos = kv.key_positions if kv is not None and kv.key_positions is not None \
+            else position_ids                                                      # (B, Lk)
+        mask = (key_pos // bs)[:, None, None, :] <= (position_ids // bs)[:, None, :, None]
+        if valid is not None:
+            mask = mask & valid                                                    # (B, 1, W, Lk)
+        # a padding query that sees no key would give NaN: let it see everything instead
+        return mask | ~mask.any(-1, keepdim=True)
 
 
 def default_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
@@ -201,3 +247,11 @@ class LLaDAModelLM(CelerisForMaskedDiffusion):
 
 class DreamModel(CelerisForMaskedDiffusion):
     config_class = DreamConfig
+
+
+class FastDLLMQwenModel(CelerisForMaskedDiffusion):
+    config_class = FastDLLMQwenConfig
+
+
+class SDARModel(CelerisForMaskedDiffusion):
+    config_class = SDARConfig

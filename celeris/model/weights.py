@@ -25,19 +25,22 @@ _LLADA_BLOCK = {
     "attn_out": "self_attn.o_proj", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
     "ff_out": "mlp.down_proj",
 }
-_LLADA_TOP = {"model.transformer.wte.weight": "model.embed_tokens.weight",
-              "model.transformer.ln_f.weight": "model.norm.weight",
-              "model.transformer.ff_out.weight": "lm_head.weight"}
-_LLADA_BLOCK_RE = re.compile(r"^model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)$")
+# LLaDA's OLMo-style names -> ours, as (regex, replacement) pairs: one table for our loader
+# (``canonical_name``) and for transformers' Auto path (registered as WeightRenamings in
+# ``celeris.model``). Dream, Fast-dLLM v2 and SDAR already use our (Qwen2/Qwen3) names.
+LLADA_RENAMES: tuple[tuple[str, str], ...] = (
+    (r"^model\.transformer\.wte\.", "model.embed_tokens."),
+    (r"^model\.transformer\.ln_f\.", "model.norm."),
+    (r"^model\.transformer\.ff_out\.", "lm_head."),
+) + tuple((rf"^model\.transformer\.blocks\.(\d+)\.{theirs}\.", rf"model.layers.\1.{ours}.")
+          for theirs, ours in _LLADA_BLOCK.items())
+_LLADA_COMPILED = tuple((re.compile(src), dst) for src, dst in LLADA_RENAMES)
 
 
 def canonical_name(name: str) -> str:
-    """Map an upstream parameter name onto ours (Dream/Qwen2 names are already ours)."""
-    if name in _LLADA_TOP:
-        return _LLADA_TOP[name]
-    m = _LLADA_BLOCK_RE.match(name)
-    if m and m.group(2) in _LLADA_BLOCK:
-        return f"model.layers.{m.group(1)}.{_LLADA_BLOCK[m.group(2)]}.{m.group(3)}"
+    """Map an upstream parameter name onto ours (Qwen2/Qwen3 names are already ours)."""
+    for pattern, replacement in _LLADA_COMPILED:
+        name = pattern.sub(replacement, name, count=1)
     return name
 
 

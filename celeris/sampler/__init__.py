@@ -1,7 +1,26 @@
-"""Unmask schedules, confidence measures, Gumbel noise and the denoising loop."""
+"""Unmask schedules, confidence measures, Gumbel noise and the denoising loops (full-canvas
+``DenoiseBatch`` and block-causal ``BlockBatch``)."""
 
-from .denoise import DenoiseBatch, MaskPredictor, SamplerRequest, SpecialTokens, StepOutput
+from typing import Any
+
+from ..cache import SlotKVCache
+from .blockwise import BlockBatch, BlockRow
+from .denoise import (DenoiseBatch, MaskPredictor, NonFiniteLogitsError, SamplerRequest,
+                      SpecialTokens, StepOutput)
 from .policies import CONFIDENCES, SELECTORS, linear_schedule
 
-__all__ = ["DenoiseBatch", "MaskPredictor", "SamplerRequest", "SpecialTokens", "StepOutput",
-           "CONFIDENCES", "SELECTORS", "linear_schedule"]
+MAX_CACHE_LEN = 8192     # cache positions allocated per slot, at most (the model's context below)
+
+
+def new_slot_cache(model: Any, slots: int = 4) -> SlotKVCache:
+    """The static KV cache of a block-causal model: context + one block per slot."""
+    cfg = model.config
+    param = next(model.parameters())
+    length = min(cfg.max_position_embeddings, MAX_CACHE_LEN) + cfg.block_size
+    return SlotKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, length,
+                       param.dtype, param.device, slots)
+
+
+__all__ = ["BlockBatch", "BlockRow", "DenoiseBatch", "MaskPredictor", "NonFiniteLogitsError",
+           "SamplerRequest", "SpecialTokens", "StepOutput", "CONFIDENCES", "SELECTORS",
+           "linear_schedule", "new_slot_cache"]

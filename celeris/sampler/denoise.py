@@ -17,16 +17,26 @@ from typing import Protocol, Sequence
 import torch
 
 from ..params import GenerationParams
+from .choose import RowKnobs
 from .forward import ForwardInputs, make_forward
-from ..kernels import block_stats
-from .noise import filter_logits, gumbel_uniforms, uniform_noise
-from .policies import CONFIDENCES, DEFERRED, SELECTORS, linear_schedule
+from .policies import linear_schedule
 
 
 class MaskPredictor(Protocol):
     """What the sampler needs from a model: ``model(ids, attention_mask=..., ...) -> .logits``."""
 
     def __call__(self, input_ids: torch.Tensor, **kwargs) -> object: ...
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The model produced NaN/inf logits for these requests (a broken checkpoint, or an
+    overflow in a low-precision dtype); they fail instead of returning garbage."""
+
+    def __init__(self, request_ids: Sequence[str]) -> None:
+        self.request_ids = tuple(request_ids)
+        super().__init__(f"the model produced non-finite (NaN/inf) logits for request(s) "
+                         f"{', '.join(self.request_ids)}; the checkpoint or the dtype is broken "
+                         "(try --dtype float32)")
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,7 @@ class StepOutput:
     committed: tuple[int, ...]
     confidences: tuple[float, ...]
     nfe: int
-    finish: str | None = None     # "stop" | "length" once the request is done
+    finish: str | None = None     # "stop" | "length" once done; "error": non-finite logits
 
 
 class _Row:
@@ -66,10 +76,11 @@ class _Row:
     def __init__(self, req: SamplerRequest, special: SpecialTokens, device: torch.device):
         p = req.params
         self.req, self.p, self.special = req, p, special
-        self.canvas = list(req.canvas) if req.canvas is not None else [special.mask] * p.gen_length
-        if len(self.canvas) != p.gen_length:
-            raise ValueError(f"canvas has {len(self.canvas)} positions but gen_length is "
-                             f"{p.gen_length}")
+        self.canvas = (list(req.canvas) if req.canvas is not None
+                       else [special.mask] * p.canvas_length)
+        if len(self.canvas) != p.canvas_length:
+            raise ValueError(f"canvas has {len(self.canvas)} positions but gen_length "
+                             f"{p.gen_length} needs {p.canvas_length}")
         self.needs_rng = p.temperature > 0 or p.remasking == "random"
         self.generator = (torch.Generator(device=device).manual_seed(req.seed)
                           if self.needs_rng else None)
@@ -83,7 +94,7 @@ class _Row:
 
     @property
     def total_len(self) -> int:
-        return len(self.req.prompt_ids) + self.p.gen_length
+        return len(self.req.prompt_ids) + self.p.canvas_length
 
     def block_slice(self) -> range:
         bl = self.p.block_length
@@ -129,6 +140,12 @@ class _Row:
         return StepOutput(self.req.request_id, self.step, self.block if self.finish is None
                           else self.p.num_blocks - 1, tuple(self.canvas), tuple(committed),
                           tuple(confs), self.nfe, self.finish)
+
+    def fail(self) -> StepOutput:
+        """The row's logits were not finite: it leaves with finish "error"."""
+        self.finish = "error"
+        return StepOutput(self.req.request_id, self.step, max(self.block, 0),
+                          tuple(self.canvas), (), (), self.nfe, "error")
 
     def _advance_prefix(self) -> None:
         """Once a stop token sits in the committed prefix, the text can no longer change:
@@ -192,29 +209,13 @@ class DenoiseBatch:
         real = col[None, :] >= (L - lens)[:, None]                                  # (B, L)
         self.key_mask = None if all(r.total_len == L for r in rows) else real
         self.positions = (real.long().cumsum(-1) - 1).clamp(min=0)                  # (B, L)
-        gen = torch.tensor([r.p.gen_length for r in rows], device=self.device)
+        gen = torch.tensor([r.p.canvas_length for r in rows], device=self.device)
         self.prompt_mask = col[None, :] < (L - gen)[:, None]                        # (B, L)
-        f = lambda name, dt: torch.tensor([getattr(r.p, name) for r in rows],  # noqa: E731
-                                          dtype=dt, device=self.device)
-        self.temperature, self.cfg = f("temperature", torch.float64), f("cfg_scale", torch.float32)
-        self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
-        self.threshold, self.factor = f("threshold", torch.float32), f("factor", torch.float32)
-        self.suppress = f("suppress_eos", torch.bool)[:, None, None]
-        self.defer = f("defer_eos", torch.bool)[:, None]
-        self.any_cfg = any(r.p.cfg_scale > 0 for r in rows)
-        self.any_filter = any(r.p.top_k > 0 or r.p.top_p < 1.0 for r in rows)
-        self.any_suppress = any(r.p.suppress_eos for r in rows)
-        self.any_defer = any(r.p.defer_eos for r in rows)
+        self.knobs = RowKnobs([r.p for r in rows], [r.generator for r in rows],
+                              self.special.mask, self.special.stop, self.device)
         self.block_length = rows[0].p.block_length
         if any(r.p.block_length != self.block_length for r in rows):
             raise ValueError("all requests in one batch must share block_length")
-        self.groups = {}
-        for attr, table in (("remasking", CONFIDENCES), ("decoding", SELECTORS)):
-            for name in {getattr(r.p, attr) for r in rows}:
-                rows_mask = torch.tensor([getattr(r.p, attr) == name for r in rows],
-                                         device=self.device)
-                self.groups.setdefault(attr, []).append((table[name], rows_mask[:, None]))
-        self.stop_ids = torch.tensor(self.special.stop, device=self.device)
         self.forward.reset(kept, added, L)
 
     # ------------------------------------------------------------ the step
@@ -225,64 +226,31 @@ class DenoiseBatch:
         if not rows:
             return []
         L, bl = self.x.shape[1], self.block_length
-        starts = [L - r.p.gen_length + r.block * bl for r in rows]
+        starts = [L - r.p.canvas_length + r.block * bl for r in rows]
         bstart = torch.tensor(starts, device=self.device)
         idx = bstart[:, None] + torch.arange(bl, device=self.device)                # (B, bl)
         k = torch.tensor([r.schedule[0] if r.schedule else 0 for r in rows], device=self.device)
+        knobs = self.knobs
         logits = self.forward(ForwardInputs(
             x=self.x, key_mask=self.key_mask, positions=self.positions, idx=idx,
-            block_starts=starts, prompt_mask=self.prompt_mask, cfg=self.cfg,
-            any_cfg=self.any_cfg,
+            block_starts=starts, prompt_mask=self.prompt_mask, cfg=knobs.cfg,
+            any_cfg=knobs.any_cfg,
             refresh=[r.fresh_block for r in rows]))                                 # (B, bl, V)
-        x0, conf = self._choose(logits)
         xb = self.x.gather(1, idx)                                                  # (B, bl)
         masked = xb == self.special.mask
-        conf = torch.where(masked, conf, float("-inf"))
-        transfer = torch.zeros_like(masked)
-        for selector, rows_mask in self.groups["decoding"]:
-            chosen = selector(conf, masked, k, self.threshold, self.factor)
-            transfer = torch.where(rows_mask, chosen, transfer)
+        x0, conf, bad = knobs.choose(logits, masked)
+        transfer = knobs.select(conf, masked, k)
         new_xb = torch.where(transfer, x0, xb)
         self.x.scatter_(1, idx, new_xb)
-        packed = torch.stack([new_xb.double(), transfer.double(),
-                              conf.double().nan_to_num(neginf=0.0)], dim=1).tolist()  # one sync
-        nfe = 2 if self.any_cfg else 1
-        outs = [row.commit(*packed[b], nfe=nfe) for b, row in enumerate(rows)]
+        conf = torch.where(masked, conf, 0.0)
+        packed = torch.cat([new_xb.double(), transfer.double(), conf.double(),
+                            bad.double()[:, None]], dim=1).tolist()                 # one sync
+        failed = [row[-1] > 0 for row in packed]
+        packed = [(row[:bl], row[bl:2 * bl], row[2 * bl:3 * bl]) for row in packed]
+        nfe = 2 if knobs.any_cfg else 1
+        outs = [row.fail() if failed[b] else row.commit(*packed[b], nfe=nfe)
+                for b, row in enumerate(rows)]
         done = [o.request_id for o in outs if o.finish is not None]
         if done:
             self.remove(done)
         return outs
-
-    def _choose(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x0 (B, bl) and its confidence (B, bl) from the block's logits (B, bl, V).
-
-        The mask token itself is never a prediction: a committed [MASK] would stay masked.
-        """
-        logits[..., self.special.mask] = float("-inf")
-        if self.any_suppress:
-            stop_logits = logits[..., self.stop_ids]
-            logits[..., self.stop_ids] = torch.where(self.suppress, float("-inf"), stop_logits)
-        if self.any_filter:
-            logits = filter_logits(logits, self.top_k, self.top_p)
-        B, W, V = logits.shape
-        gens = [r.generator if r.p.temperature > 0 else None for r in self.rows]
-        uniform = None
-        if any(g is not None for g in gens):
-            uniform = gumbel_uniforms(gens, (W, V), self.device).view(B * W, V)
-        stats = block_stats(logits.reshape(B * W, V),
-                            self.temperature.repeat_interleave(W), uniform)   # (B*W,) each
-        stats = type(stats)(*(t.view(B, W) for t in stats))
-        x0 = stats.x0
-        order = None
-        if any(r.p.remasking == "random" for r in self.rows):
-            order = torch.stack([
-                uniform_noise((W,), r.generator, self.device) if r.p.remasking == "random"
-                else torch.zeros(W, dtype=torch.float64, device=self.device)
-                for r in self.rows]).float()                                        # (B, W)
-        conf = torch.zeros(x0.shape, dtype=torch.float32, device=self.device)
-        for measure, rows_mask in self.groups["remasking"]:
-            conf = torch.where(rows_mask, measure(stats, order).float(), conf)
-        if self.any_defer:
-            is_stop = torch.isin(x0, self.stop_ids)
-            conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
-        return x0, conf

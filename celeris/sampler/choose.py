@@ -1,0 +1,94 @@
+"""Choosing tokens from a step's logits: the part of a denoising step that both batch kinds
+(full-canvas ``DenoiseBatch`` and block-causal ``BlockBatch``) share.
+
+``RowKnobs`` holds every row's decoding knobs as device tensors, built once when the batch
+changes; ``choose`` turns the active block's logits into a candidate token and a confidence per
+position (and flags rows whose logits are not finite), ``select`` applies each row's unmask
+schedule. No host sync happens here: the caller syncs once per step.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..kernels import block_stats
+from ..params import GenerationParams
+from .noise import filter_logits, gumbel_uniforms, uniform_noise
+from .policies import CONFIDENCES, DEFERRED, SELECTORS
+
+
+class RowKnobs:
+    """The per-row knobs of one batch layout, as (B,)-shaped device tensors."""
+
+    def __init__(self, params: Sequence[GenerationParams],
+                 generators: Sequence[torch.Generator | None], mask_id: int,
+                 stop_ids: Sequence[int], device: torch.device) -> None:
+        self.params, self.generators = list(params), list(generators)
+        self.mask_id, self.device = mask_id, device
+
+        def f(name, dt):
+            return torch.tensor([getattr(p, name) for p in params], dtype=dt, device=device)
+        self.temperature, self.cfg = f("temperature", torch.float64), f("cfg_scale", torch.float32)
+        self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
+        self.threshold, self.factor = f("threshold", torch.float32), f("factor", torch.float32)
+        self.suppress = f("suppress_eos", torch.bool)[:, None, None]
+        self.defer = f("defer_eos", torch.bool)[:, None]
+        self.any_cfg = any(p.cfg_scale > 0 for p in params)
+        self.any_filter = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
+        self.any_suppress = any(p.suppress_eos for p in params)
+        self.any_defer = any(p.defer_eos for p in params)
+        self.any_random = any(p.remasking == "random" for p in params)
+        self.stop_ids = torch.tensor(tuple(stop_ids), device=device)
+        self.groups: dict[str, list] = {}
+        for attr, table in (("remasking", CONFIDENCES), ("decoding", SELECTORS)):
+            for name in {getattr(p, attr) for p in params}:
+                rows = torch.tensor([getattr(p, attr) == name for p in params], device=device)
+                self.groups.setdefault(attr, []).append((table[name], rows[:, None]))
+
+    def choose(self, logits: torch.Tensor, active: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x0 (B, W), confidence (B, W) and a (B,) flag for rows whose logits at an active
+        position are not finite, from logits (B, W, V).
+
+        The mask token itself is never a prediction: a committed [MASK] would stay masked.
+        """
+        bad = (~torch.isfinite(logits).all(-1) & active).any(-1)                   # (B,)
+        logits[..., self.mask_id] = float("-inf")
+        if self.any_suppress:
+            stop_logits = logits[..., self.stop_ids]
+            logits[..., self.stop_ids] = torch.where(self.suppress, float("-inf"), stop_logits)
+        if self.any_filter:
+            logits = filter_logits(logits, self.top_k, self.top_p)
+        B, W, V = logits.shape
+        gens = [g if p.temperature > 0 else None for g, p in zip(self.generators, self.params)]
+        uniform = None
+        if any(g is not None for g in gens):
+            uniform = gumbel_uniforms(gens, (W, V), self.device).view(B * W, V)
+        stats = block_stats(logits.reshape(B * W, V),
+                            self.temperature.repeat_interleave(W), uniform)    # (B*W,) each
+        stats = type(stats)(*(t.view(B, W) for t in stats))
+        order = None
+        if self.any_random:
+            order = torch.stack([
+                uniform_noise((W,), g, self.device) if p.remasking == "random"
+                else torch.zeros(W, dtype=torch.float64, device=self.device)
+                for g, p in zip(self.generators, self.params)]).float()              # (B, W)
+        conf = torch.zeros(stats.x0.shape, dtype=torch.float32, device=self.device)
+        for measure, rows in self.groups["remasking"]:
+            conf = torch.where(rows, measure(stats, order).float(), conf)
+        if self.any_defer:
+            is_stop = torch.isin(stats.x0, self.stop_ids)
+            conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
+        return stats.x0, conf, bad
+
+    def select(self, conf: torch.Tensor, active: torch.Tensor, k: torch.Tensor
+               ) -> torch.Tensor:
+        """(B, W) bool: the active positions each row's unmask schedule commits this step."""
+        conf = torch.where(active, conf, float("-inf"))
+        transfer = torch.zeros_like(active)
+        for selector, rows in self.groups["decoding"]:
+            chosen = selector(conf, active, k, self.threshold, self.factor)
+            transfer = torch.where(rows, chosen, transfer)
+        return transfer

@@ -1,0 +1,171 @@
+"""Block diffusion decoding: the exact KV cache equals full recompute token for token, rows at
+different blocks share a forward, max_tokens is a cap, EOS ends a request, the cache is static."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from celeris import Engine, GenerationParams
+from celeris.sampler import BlockBatch, SamplerRequest
+from tests.tiny_model import make_tiny_model_dir
+
+PROMPTS = ["the quick brown fox", "Once", "def fib(n): return n if n < 2 else fib",
+           "café naïve über the lazy dog jumps over"]
+FAMILIES = {   # Fast-dLLM v2-shaped (q/k/v biases, shifted logits) and SDAR-shaped (q/k norm)
+    "fast_dllm": dict(shift_logits=True, qkv_bias=True, num_key_value_heads=2),
+    "sdar": dict(shift_logits=False, qk_norm=True, head_dim=8),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def engine(request, tmp_path_factory):
+    path = make_tiny_model_dir(
+        tmp_path_factory.mktemp(request.param) / "m", attention="block_causal", block_size=4,
+        generation_defaults={"gen_length": 24, "temperature": 0.0, "decoding": "threshold",
+                             "threshold": 0.3}, **FAMILIES[request.param])
+    return Engine.from_pretrained(path, device="cpu")
+
+
+def _ids(results):
+    return [r.token_ids for r in results]
+
+
+@pytest.mark.parametrize("decoding,block_length", [("threshold", 4), ("fixed", 2),
+                                                   ("factor", 4)])
+def test_cached_decode_equals_full_recompute_alone_and_in_a_mixed_batch(engine, decoding,
+                                                                        block_length):
+    params = engine.default_params().replace(decoding=decoding, block_length=block_length)
+    cached = params.replace(cache="prefix")
+    recompute = params.replace(cache="none")
+    alone = [engine.generate(p, cached) for p in PROMPTS]
+    assert _ids(alone) == [engine.generate(p, recompute).token_ids for p in PROMPTS]
+    assert _ids(engine.generate_batch(PROMPTS, cached)) == _ids(alone)
+    assert _ids(engine.generate_batch(PROMPTS, recompute)) == _ids(alone)
+    assert sum(len(r.token_ids) for r in alone) > 20          # not a trivially empty answer
+
+
+def test_defaults_of_a_block_causal_model_use_its_block_and_the_exact_cache(engine):
+    p = engine.default_params()
+    assert (p.block_length, p.cache) == (4, "prefix")
+    assert engine.info()["context_length"] == 256
+
+
+def test_cached_steps_forward_only_the_block_and_recompute_forwards_everything(engine):
+    """After the prompt, a cached step's window is the block (+ the finished block being
+    written, + one re-read column for shifted logits); recompute grows with the answer."""
+    widths = {"prefix": [], "none": []}
+    model = engine.model
+    original = model.forward
+
+    def spy(input_ids, **kw):
+        widths[current].append(input_ids.shape[1])
+        return original(input_ids, **kw)
+
+    params = engine.default_params().replace(suppress_eos=True, gen_length=24)
+    model.forward = spy
+    try:
+        for current in ("prefix", "none"):
+            engine.generate(PROMPTS[2], params.replace(cache=current))
+    finally:
+        model.forward = original
+    prompt_len = len(engine.tokenizer.encode_prompt(PROMPTS[2]))
+    assert max(widths["prefix"][1:]) <= 2 * 4 + 1
+    assert widths["none"][-1] >= prompt_len + 20
+    assert widths["none"] != widths["prefix"]
+
+
+def test_max_tokens_is_a_cap_not_a_canvas(engine):
+    for cap in (1, 5, 7):
+        r = engine.generate(PROMPTS[0], engine.default_params().replace(
+            gen_length=cap, suppress_eos=True))
+        assert len(r.token_ids) == cap and r.finish_reason == "length"
+        assert r.usage.completion_tokens == cap
+
+
+def test_a_stop_token_ends_generation_before_the_cap(engine):
+    eos = engine.special.stop[0]
+    params = engine.default_params().replace(gen_length=64)
+    biased = _with_bias(engine, eos, after=3)
+    try:
+        r = engine.generate(PROMPTS[1], params)
+    finally:
+        biased.remove()
+    assert r.finish_reason == "stop"
+    assert len(r.token_ids) < 8 and eos not in r.token_ids
+    assert r.nfe < 64 // 4
+
+
+def _with_bias(engine, token: int, after: int):
+    """Make ``token`` the model's favourite at answer positions >= ``after`` (a hook)."""
+    prompt_len = len(engine.tokenizer.encode_prompt(PROMPTS[1]))
+
+    def hook(module, args, kwargs, out):
+        pos = kwargs["position_ids"]
+        idx = kwargs.get("logits_index")
+        if idx is not None:
+            pos = pos.gather(1, idx)
+        out.logits[..., token] += torch.where(pos >= prompt_len + after, 1e4, 0.0)
+        return out
+    return engine.model.register_forward_hook(hook, with_kwargs=True)
+
+
+def test_request_joining_mid_flight_gives_the_same_tokens_as_alone(engine):
+    params = engine.default_params().replace(suppress_eos=True, gen_length=20)
+    alone = {p: engine.generate(p, params).token_ids for p in PROMPTS[:2]}
+    loop = engine._new_loop()
+    reqs = [engine.prepare(p, params, request_id=str(i)) for i, p in enumerate(PROMPTS[:2])]
+    results = {}
+    with torch.inference_mode():
+        loop.add([loop.new_state(reqs[0], 0.0, 1e9)])
+        for _ in range(3):
+            loop.step()
+        loop.add([loop.new_state(reqs[1], 0.0, 1e9)])
+        while len(loop):
+            for st, item in loop.step():
+                if hasattr(item, "token_ids"):
+                    results[st.request_id] = item.token_ids
+    assert results == {"0": alone[PROMPTS[0]], "1": alone[PROMPTS[1]]}
+
+
+def test_kv_cache_is_allocated_once_and_slots_are_reused(engine):
+    params = engine.default_params().replace(gen_length=8)
+    engine.generate_batch(PROMPTS, params)
+    kv = engine._kv
+    before = (kv.capacity, kv.k[0].data_ptr())
+    for _ in range(3):
+        engine.generate_batch(PROMPTS[:3], params)
+        engine.generate(PROMPTS[0], params)
+    assert (kv.capacity, kv.k[0].data_ptr()) == before
+    assert sorted(kv.free) == list(range(kv.capacity))
+
+
+def test_block_length_must_divide_the_model_block(engine):
+    with pytest.raises(ValueError, match=r"block_length must divide the model's block size 4 "
+                                         r"\(one of 1, 2, 4\), got 3"):
+        engine.generate("x", engine.default_params().replace(block_length=3, gen_length=6))
+
+
+def test_non_finite_logits_fail_the_request_with_a_clear_error(engine):
+    def hook(module, args, kwargs, out):
+        out.logits[0] = float("nan")
+        return out
+    handle = engine.model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        with pytest.raises(RuntimeError, match="non-finite"):
+            engine.generate("hello", engine.default_params())
+    finally:
+        handle.remove()
+
+
+def test_block_batch_canvas_grows_block_by_block_up_to_the_cap(engine):
+    batch = BlockBatch(engine.model, engine.special, engine.device, None, False)
+    req = SamplerRequest("a", tuple(engine.tokenizer.encode_prompt("Once")),
+                         GenerationParams(gen_length=9, block_length=4, suppress_eos=True), 0)
+    batch.add([req])
+    lengths = []
+    with torch.inference_mode():
+        while len(batch):
+            (out,) = batch.step()
+            lengths.append(len(out.canvas))
+    assert lengths[-1] == 9 and lengths == sorted(lengths)
