@@ -99,7 +99,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                         device=args.device, resume=args.resume, seed=args.seed,
                         kind=args.kind, preset=args.preset, init_from=args.init_from,
                         **{k: v for k, v in (("lr", args.lr), ("mix", args.mix),
-                                             ("semi_ar_prob", args.semi_ar_prob))
+                                             ("semi_ar_prob", args.semi_ar_prob),
+                                             ("block_size", args.block_size))
                            if v is not None})
     except user_errors() as exc:
         return error(exc)
@@ -204,7 +205,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"))
+    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar", "bd"),
+                   help="diffusion (full attention), ar (the twin) or bd (block diffusion)")
+    p.add_argument("--block-size", type=int, default=None, metavar="N",
+                   help="bd: the model's block size (default 8)")
     p.add_argument("--preset", default=None, help="model/data preset name")
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: the preset's)")
@@ -224,7 +228,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="score a model on the checkable tasks")
     p.add_argument("--model", default=None, help="model directory (default: shipped model)")
-    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"))
+    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar", "bd"),
+                   help="diffusion (full attention), ar (the twin) or bd (block diffusion)")
+    p.add_argument("--block-size", type=int, default=None, metavar="N",
+                   help="bd: the model's block size (default 8)")
     p.add_argument("--limit", type=int, default=None, help="examples per task")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from celeris.train import corpus as _corpus
-from celeris.train import objective, tokenizer_train as tt
+from celeris.train import blockdiff, objective, tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher, positions
 
-KINDS = ("diffusion", "ar")
+KINDS = ("diffusion", "ar", "bd")     # bd: block diffusion (block-causal, celeris-tiny-bd)
 
 # CelerisConfig kwargs (the AR twin reuses the size fields). shift_logits=True is Dream's
 # shifted prediction: a masked position reads its left neighbour's state, which gets a tiny
@@ -61,16 +61,21 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
                  semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
-                 eval_stories=128,
+                 eval_stories=128, block_size=8,
                  log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
                   betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
                   semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
+                  block_size=4,
                   log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
 }
 
 DIFFUSION_DEFAULTS = {"gen_length": 64, "block_length": 32, "steps": 64, "temperature": 0.0,
                       "remasking": "low_confidence", "decoding": "fixed"}
+# Block diffusion: a cap rather than a canvas, sub-blocks = the model's blocks, the exact cache
+# and threshold (parallel) decoding.
+BLOCK_DEFAULTS = {"gen_length": 256, "temperature": 0.0, "remasking": "low_confidence",
+                  "decoding": "threshold", "threshold": 0.9, "cache": "prefix"}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -98,12 +103,14 @@ def round_vocab(n: int, multiple: int = 64) -> int:
     return int(math.ceil(n / multiple) * multiple)
 
 
-def build_model(kind: str, preset: str, vocab_size: int):
+def build_model(kind: str, preset: str, vocab_size: int, block_size: int = 8):
     """A freshly initialised model (call after ``torch.manual_seed``)."""
     cfg = dict(PRESETS[preset])
     ids = dict(bos_token_id=tt.SPECIAL_IDS["bos"], eos_token_id=tt.SPECIAL_IDS["eos"],
                pad_token_id=tt.SPECIAL_IDS["pad"])
-    if kind == "diffusion":
+    if kind == "bd":
+        cfg.update(attention="block_causal", block_size=block_size)
+    if kind in ("diffusion", "bd"):
         from celeris import CelerisConfig, CelerisForMaskedDiffusion
         config = CelerisConfig(vocab_size=vocab_size, mask_token_id=tt.SPECIAL_IDS["mask"],
                                eot_token_id=tt.SPECIAL_IDS["eot"], **ids, **cfg)
@@ -137,9 +144,25 @@ def make_optimizer(model, tp: dict[str, Any]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=tp["lr"], betas=tuple(tp["betas"]), eps=1e-8)
 
 
+def bf16_is_fast(device: str) -> bool:
+    """bf16 autocast pays on GPUs and on CPUs with native bf16 (avx512_bf16, AMX); on a plain
+    AVX2 CPU it is emulated and ~10x slower than float32 (measured on an AVX2 EPYC VM).
+    CELERIS_TRAIN_BF16=0/1 overrides."""
+    forced = os.environ.get("CELERIS_TRAIN_BF16")
+    if forced in ("0", "1"):
+        return forced == "1"
+    if not device.startswith("cpu"):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def autocast_ctx(device: str):
     dev = device.split(":")[0]
-    return torch.autocast(device_type=dev, dtype=torch.bfloat16)
+    return torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=bf16_is_fast(device))
 
 
 # ----------------------------------------------------------------------------- losses
@@ -153,6 +176,13 @@ def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torc
     row_mean = None if batch.forced is None else batch.forced.any(dim=1).to(device)
     return objective.diffusion_loss(logits, batch.input_ids.to(device), masked.to(device),
                                     batch.maskable.to(device), t.to(device), row_mean)
+
+
+def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: int
+                 ) -> torch.Tensor:
+    inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen)
+    with autocast_ctx(device):
+        return blockdiff.block_loss(model, inputs, device)
 
 
 def ar_step_loss(model, batch, device: str) -> torch.Tensor:
@@ -203,7 +233,11 @@ def eval_sequences(tok, n: int) -> list[list[int]]:
             for s in _corpus.heldout_stories(n)]
 
 
-def eval_loss(model, kind: str, seqs: list[list[int]], device: str) -> dict[str, Any]:
+def eval_loss(model, kind: str, seqs: list[list[int]], device: str,
+              block_size: int = 8) -> dict[str, Any]:
+    if kind == "bd":
+        return blockdiff.block_eval_loss(model, seqs, block_size, tt.SPECIAL_IDS["mask"],
+                                         tt.SPECIAL_IDS["pad"], device=device)
     if kind == "diffusion":
         return objective.masked_eval_loss(model, seqs, tt.SPECIAL_IDS["mask"],
                                           tt.SPECIAL_IDS["pad"], device=device, skip_first=1)
@@ -212,8 +246,8 @@ def eval_loss(model, kind: str, seqs: list[list[int]], device: str) -> dict[str,
 
 # ----------------------------------------------------------------------------- saving
 def write_generation_config(out: Path, kind: str) -> None:
-    if kind == "diffusion":
-        cfg = dict(DIFFUSION_DEFAULTS)
+    if kind in ("diffusion", "bd"):
+        cfg = dict(DIFFUSION_DEFAULTS if kind == "diffusion" else BLOCK_DEFAULTS)
         cfg.update(eos_token_id=tt.SPECIAL_IDS["eos"], pad_token_id=tt.SPECIAL_IDS["pad"],
                    mask_token_id=tt.SPECIAL_IDS["mask"])
         (out / "generation_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -309,8 +343,9 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         raise ValueError(f"semi_ar_prob must be in [0, {1 - tp['prefix_prob']:g}] "
                          f"(1 - prefix_prob), got {tp['semi_ar_prob']!r}")
     if init_from is not None:
-        if kind != "diffusion":
-            raise ValueError("init_from is for kind='diffusion' (adapting a trained model)")
+        if kind == "ar":
+            raise ValueError("init_from is for kind='diffusion' or 'bd' (adapting a trained "
+                             "model)")
         init_from = Path(init_from)
         if not (init_from / "model.safetensors").is_file() or not tt.has_tokenizer(init_from):
             raise FileNotFoundError(f"init_from: {init_from} needs model.safetensors and the "
@@ -352,7 +387,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
 
     # --- model, optimizer, schedule, data
     torch.manual_seed(seed)
-    model = build_model(kind, preset, vocab).to(device)
+    model = build_model(kind, preset, vocab, tp.get("block_size", 8)).to(device)
     init_info = None
     if init_from is not None and ckpt is None:
         init_info = load_init_weights(model, init_from)
@@ -434,6 +469,8 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         batch = batcher.next()
         if kind == "diffusion":
             loss = diffusion_step_loss(model, batch, gen, device)
+        elif kind == "bd":
+            loss = bd_step_loss(model, batch, gen, device, tp["block_size"])
         else:
             loss = ar_step_loss(model, batch, device)
         opt.zero_grad(set_to_none=True)
@@ -467,7 +504,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
                             src=batch.source[:4], L=batch.input_ids.shape[1], refresh=False)
             bar.update(1)
         if tp["eval_every"] and step % tp["eval_every"] == 0 and step != target:
-            e = eval_loss(model, kind, eval_seqs, device)
+            e = eval_loss(model, kind, eval_seqs, device, tp.get("block_size", 8))
             evals.append({"step": step, **e})
         if step % tp["ckpt_every"] == 0:
             checkpoint()
@@ -481,7 +518,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     if bar is not None:
         bar.close()
 
-    final_eval = eval_loss(model, kind, eval_seqs, device)
+    final_eval = eval_loss(model, kind, eval_seqs, device, tp.get("block_size", 8))
     evals.append({"step": step, **final_eval})
     checkpoint()
     save_final(model, out, kind)

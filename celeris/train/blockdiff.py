@@ -1,0 +1,155 @@
+"""The block-diffusion training objective (BD3-LM, Arriola et al. 2025; Fast-dLLM v2, Wu et al.
+2025, sec. 3.2): teach a block-causal model to denoise one block given the clean blocks
+before it, in a single forward over [noisy sequence, clean sequence].
+
+Layout, for a row of L tokens cut into blocks of ``block_size`` positions (counted from each
+row's first real token, as the engine counts them):
+
+- the noisy half (columns 0..L-1): each block's scored positions are masked at that block's
+  own rate t ~ U(eps, 1); a noisy position sees its own noisy block both ways and the *clean*
+  earlier blocks;
+- the clean half (columns L..2L-1): the clean tokens, block-causal among themselves; this is
+  the exact prefix state that the engine's KV cache holds at inference.
+
+Token shift (as in Fast-dLLM v2, adapted from an AR model): the token at position j is
+predicted from the state at j-1. For the first position of a block that state belongs to the
+previous block, finished and clean at inference (the engine re-reads it from the cache), so it
+is taken from the clean half; every other position reads its noisy left neighbour.
+
+Scored positions are the AR twin's targets (a story and its first EOS; a chat answer and its
+EoT): the prompt stays clean in both halves; positions after the targets are always masked in
+the noisy half and never scored, so the model never sees where padding begins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from celeris.train.data import IGNORE, Batch, positions
+
+EPS = 1e-3
+
+
+@dataclass
+class BlockInputs:
+    ids: torch.Tensor          # (B, 2L) noisy then clean tokens
+    positions: torch.Tensor    # (B, 2L) positions, the same in both halves
+    attn: torch.Tensor         # (B, 1, 2L, 2L) bool: who sees whom
+    index: torch.Tensor        # (B, N) column whose (shifted) logits predict each target
+    targets: torch.Tensor      # (B, N) token ids, IGNORE where a row has fewer targets
+    masked_frac: float         # fraction of scored positions masked (for logs)
+
+
+def trim_to_targets(batch: Batch) -> Batch:
+    """Drop the columns right of every row's last target: a chat batch is padded to the
+    full-attention model's canvas (up to 256 positions for a 3-token answer), which block
+    diffusion, ending at EOS, never needs."""
+    scored = _targets(batch.labels)
+    cols = scored.any(dim=0).nonzero()
+    end = int(cols.max()) + 1 if len(cols) else batch.input_ids.shape[1]
+    if end == batch.input_ids.shape[1]:
+        return batch
+
+    def cut(t):
+        return None if t is None else t[:, :end]
+    return Batch(cut(batch.input_ids), cut(batch.attention_mask), cut(batch.maskable),
+                 cut(batch.labels), batch.source, end, cut(batch.forced))
+
+
+def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generator,
+                 eps: float = EPS) -> BlockInputs:
+    batch = trim_to_targets(batch)
+    ids, labels = batch.input_ids, batch.labels                                  # (B, L)
+    B, L = ids.shape
+    real = (torch.ones_like(ids, dtype=torch.bool) if batch.attention_mask is None
+            else batch.attention_mask.bool())
+    pos = positions(batch.attention_mask, ids)                                  # (B, L)
+    blk = pos // block_size                                                     # (B, L)
+    scored = _targets(labels)                                                   # (B, L)
+    after = _after_targets(scored) & real
+    t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - eps) + eps      # (B, nblocks)
+    u = torch.rand(B, L, generator=gen)
+    masked = (u < t.gather(1, blk)) & scored                                    # (B, L)
+    noisy = torch.where(masked | after, torch.full_like(ids, mask_id), ids)
+    attn = _attention(blk, real)
+    # the token at j comes from the state at j-1 (the model shifts by one column itself, so
+    # column c's logits are read from state c-1): the noisy neighbour, or for a block's first
+    # position the clean previous block
+    first = pos % block_size == 0
+    column = torch.arange(L).expand(B, L) + torch.where(first, L, 0)            # (B, L)
+    n = int(masked.sum(1).max()) if masked.any() else 1
+    order = torch.argsort((~masked).to(torch.int8), dim=1, stable=True)[:, :n]  # masked first
+    index = column.gather(1, order)
+    targets = torch.where(masked.gather(1, order), ids.gather(1, order),
+                          torch.full_like(order, IGNORE))
+    frac = float(masked.sum()) / max(1, int(scored.sum()))
+    return BlockInputs(torch.cat([noisy, ids], 1), torch.cat([pos, pos], 1), attn, index,
+                       targets, frac)
+
+
+def _targets(labels: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool: positions whose token the AR twin is trained to predict. ``labels`` holds
+    the target of position j at j (the twin shifts them itself)."""
+    return labels != IGNORE
+
+
+def _after_targets(scored: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool: positions right of a row's last target."""
+    L = scored.shape[1]
+    col = torch.arange(L)
+    last = torch.where(scored, col, -1).max(dim=1).values                      # (B,)
+    return col[None, :] > last[:, None]
+
+
+def _attention(blk: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(B, 1, 2L, 2L) bool mask of the [noisy, clean] layout (see the module docstring)."""
+    bq, bk = blk[:, :, None], blk[:, None, :]                                   # (B, L, 1/L)
+    key = real[:, None, :]
+    noisy_noisy = (bq == bk) & key
+    noisy_clean = (bk < bq) & key
+    clean_clean = (bk <= bq) & key
+    clean_noisy = torch.zeros_like(noisy_noisy)
+    top = torch.cat([noisy_noisy, noisy_clean], dim=2)
+    bottom = torch.cat([clean_noisy, clean_clean], dim=2)
+    mask = torch.cat([top, bottom], dim=1)[:, None]                             # (B, 1, 2L, 2L)
+    return mask | ~mask.any(-1, keepdim=True)      # padding rows see everything (no NaN)
+
+
+def block_loss(model, inputs: BlockInputs, device: str) -> torch.Tensor:
+    """Mean cross-entropy over the masked targets."""
+    logits = model(inputs.ids.to(device), position_ids=inputs.positions.to(device),
+                   attn_mask=inputs.attn.to(device),
+                   logits_index=inputs.index.to(device)).logits                  # (B, N, V)
+    targets = inputs.targets.to(device)
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                           ignore_index=IGNORE)
+
+
+@torch.no_grad()
+def block_eval_loss(model, sequences: list[list[int]], block_size: int, mask_id: int,
+                    pad_id: int, seed: int = 0, batch_size: int = 32, device: str = "cpu"
+                    ) -> dict:
+    """Held-out block-diffusion loss with a fixed seed (comparable across checkpoints): every
+    position but the first is a target, masked at a per-block rate as in training."""
+    from celeris.train.objective import right_pad
+    was_training = model.training
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    total, count = 0.0, 0
+    for i in range(0, len(sequences), batch_size):
+        ids, real = right_pad(sequences[i:i + batch_size], pad_id)
+        labels = torch.where(real, ids, IGNORE)
+        labels[:, 0] = IGNORE
+        batch = Batch(ids, None if bool(real.all()) else real.long(), real, labels, "eval",
+                      ids.shape[1])
+        inputs = block_inputs(batch, block_size, mask_id, g)
+        n = int((inputs.targets != IGNORE).sum())
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16):
+            total += float(block_loss(model, inputs, device)) * n
+        count += n
+    if was_training:
+        model.train()
+    return {"masked_loss": total / max(count, 1)}
