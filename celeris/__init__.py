@@ -2,9 +2,9 @@
 
 from .config import (CelerisError, EngineBusyError, EngineClosedError, EngineConfig,
                      ModelLoadError)
-from .model import (CelerisConfig, CelerisForMaskedDiffusion, DreamConfig, LLaDAConfig,
-                    load_model)
-from .outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
+from .model import (CelerisConfig, CelerisForMaskedDiffusion, DreamConfig, FastDLLMQwenConfig,
+                    LLaDAConfig, SDARConfig, load_model)
+from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
 from .params import GenerationParams
 
 __version__ = "0.1.0"
@@ -15,5 +15,6 @@ from .ar_baseline import ARBaseline
 __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "StepEvent",
            "FinishReason", "Timings", "Usage", "CelerisError", "ModelLoadError",
            "EngineBusyError", "EngineClosedError", "CelerisConfig", "CelerisForMaskedDiffusion",
-           "LLaDAConfig", "DreamConfig", "load_model", "cut_at_stop", "memory_info",
+           "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig", "SDARConfig", "StepTiming",
+           "load_model", "cut_at_stop", "memory_info",
            "AsyncEngine", "ContextLengthError", "split_infill"]

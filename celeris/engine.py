@@ -25,7 +25,7 @@ import torch
 
 from .config import EngineBusyError, EngineClosedError, EngineConfig, ModelLoadError
 from .model import load_model
-from .outputs import GenerationResult, StepEvent
+from .outputs import GenerationResult, StepEvent, StepTiming
 from .params import GenerationParams
 from .cache import SlotKVCache
 from .sampler import SamplerRequest, SpecialTokens, new_slot_cache
@@ -69,6 +69,7 @@ class Engine:
         self._scheduler: Scheduler | None = None
         self._inline: dict[str, StepLoop] = {}   # request id -> its inline loop (for abort)
         self._kv: SlotKVCache | None = None      # block-causal models: one static KV cache
+        self.step_timing = StepTiming()          # every step of every loop (bench: host time)
         self.block_causal = bool(getattr(model.config, "block_causal", False))
         if self.block_causal:
             self._defaults = block_defaults(self._defaults, model.config.block_size,
@@ -251,7 +252,8 @@ class Engine:
         shift = 1 if getattr(self.model.config, "shift_logits", False) else 0
         if self.block_causal and self._kv is None:
             self._kv = new_slot_cache(self.model, max(4, self.config.max_running))
-        return StepLoop(self.model, self.tokenizer, self.special, self.device, shift, self._kv)
+        return StepLoop(self.model, self.tokenizer, self.special, self.device, shift, self._kv,
+                        self.step_timing)
 
     def _generate(self, specs: list[tuple], stream: bool
                   ) -> Iterator[StepEvent | GenerationResult]:

@@ -62,6 +62,33 @@ class Timings:
     queue_s: float = 0.0                 # time spent waiting for admission
 
 
+@dataclass
+class StepTiming:
+    """Running totals over denoising steps: wall time of each step and, inside it, the model
+    forward. step_s - forward_s is what the engine itself costs (host time: building inputs,
+    choosing tokens, bookkeeping); on CPU the forward is synchronous, so the split is exact."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    forward_s: float = 0.0
+
+    def add(self, step_s: float, forward_s: float) -> None:
+        self.steps += 1
+        self.step_s += step_s
+        self.forward_s += forward_s
+
+    def snapshot(self) -> "StepTiming":
+        return StepTiming(self.steps, self.step_s, self.forward_s)
+
+    def since(self, before: "StepTiming") -> dict[str, float]:
+        """Per-step means since ``before`` (ms), and the step count."""
+        n = self.steps - before.steps
+        step = (self.step_s - before.step_s) / n if n else 0.0
+        fwd = (self.forward_s - before.forward_s) / n if n else 0.0
+        return {"steps": n, "step_ms": 1e3 * step, "forward_ms": 1e3 * fwd,
+                "host_ms": 1e3 * (step - fwd)}
+
+
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int

@@ -14,6 +14,7 @@ from typing import Any
 DECODINGS = ("fixed", "threshold", "factor")
 REMASKINGS = ("low_confidence", "margin", "entropy", "random")
 CACHES = ("none", "prefix", "dual")
+FIRST_TOKENS = ("policy", "greedy")
 
 MAX_GEN_LENGTH = 4096
 MAX_STEPS = 4096
@@ -54,6 +55,11 @@ class GenerationParams:
     early_stop:   finish as soon as everything after a committed EOS can only be EOS.
     stop:         strings that end the text (cut at the first; finish_reason "stop").
     seed:         per-request noise seed; None picks one and reports it.
+    first_token:  block-causal models: "policy" (a new block's first position is committed by
+                  the unmask schedule like the others) or "greedy" (it is committed at once, by
+                  argmax, from the finished block's last position, before the rest of the block
+                  is denoised: Fast-dLLM v2's generate(); with decoding="threshold" and its
+                  sub-blocks this reproduces that sampler token for token at T=0).
     """
 
     gen_length: int = 128
@@ -73,6 +79,7 @@ class GenerationParams:
     early_stop: bool = True
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    first_token: str = "policy"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -186,3 +193,4 @@ def _validate(p: GenerationParams) -> None:
             raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
     if p.seed is not None:
         _check_int("seed", p.seed, 0, MAX_SEED)
+    _check_choice("first_token", p.first_token, FIRST_TOKENS)

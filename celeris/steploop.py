@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from .cache import SlotKVCache
-from .outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
+from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
 from .sampler import (BlockBatch, DenoiseBatch, NonFiniteLogitsError, SamplerRequest,
                       SpecialTokens, StepOutput, new_slot_cache)
 
@@ -100,8 +100,10 @@ class StepLoop:
     """The running requests, stepped one group (one forward) per ``step()`` call."""
 
     def __init__(self, model: Any, tokenizer: Any, special: SpecialTokens,
-                 device: torch.device, shift: int = 0, kv: SlotKVCache | None = None) -> None:
+                 device: torch.device, shift: int = 0, kv: SlotKVCache | None = None,
+                 timing: StepTiming | None = None) -> None:
         self.model, self.tokenizer, self.special = model, tokenizer, special
+        self.timing = timing if timing is not None else StepTiming()
         self.device, self.shift = device, shift
         self.block_causal = bool(getattr(model.config, "block_causal", False))
         self.kv = kv                     # block-causal models: one static cache for the loop
@@ -206,7 +208,10 @@ class StepLoop:
         batch = self._groups[key]
         items: list[tuple[RequestState, Item]] = []
         try:
-            for out in batch.step():
+            start = time.perf_counter()
+            outs = batch.step()
+            self.timing.add(time.perf_counter() - start, batch.forward_s)
+            for out in outs:
                 st = self._states[out.request_id]
                 event = st.event(out)
                 if st.events:

@@ -82,9 +82,21 @@ class BenchContext:
 
         base = GenerationParams() if remote else self.engine.default_params()
         params = base.replace(
-            gen_length=self.gen_length, block_length=self.block_length, steps=None,
+            gen_length=self.gen_length, block_length=self.block_length_for_model(), steps=None,
             temperature=0.0, seed=0, stop=())
         return params.replace(**changes)
+
+    @property
+    def block_causal(self) -> bool:
+        return bool(getattr(self.engine, "block_causal", False))
+
+    def block_length_for_model(self) -> int:
+        """--block-length, except that a block-causal model needs a divisor of its own block
+        size: then its block size (its generation defaults) unless --block-length divides it."""
+        if not self.block_causal:
+            return self.block_length
+        size = self.engine.model.config.block_size
+        return self.block_length if size % self.block_length == 0 else size
 
 
 # ---------------------------------------------------------------------- machine facts

@@ -26,6 +26,8 @@ ACCURACY_TOLERANCE = 0.02     # "within 2 points" (issue 4)
 
 DECODE_COLUMNS = (("config", "config", "s"), ("tokens_per_s", "tok/s", ".2f"),
                   ("nfe_mean", "NFE", ".1f"), ("tokens_per_forward", "TPF", ".2f"),
+                  ("host_ms_per_step", "host ms/step", ".2f"),
+                  ("forward_ms_per_step", "fwd ms/step", ".2f"),
                   ("accuracy", "accuracy", ".3f"), ("speedup", "speed-up", ".2f"),
                   ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
 AR_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
@@ -39,14 +41,18 @@ def measure_celeris(ctx: BenchContext, name: str, params: Any, examples: Sequenc
     """One configuration over all examples in chunks of ``batch``."""
     engine = ctx.engine
     bar = ctx.bar(len(examples), name)
+    before = engine.step_timing.snapshot()
     results, walls = timed_batches(
         lambda chunk: engine.generate_batch([messages(ex.prompt) for ex in chunk], params),
         examples, batch, bar)
     bar.close()
-    return _row(name, [r.text for r in results], [r.usage.completion_tokens for r in results],
-                [r.nfe for r in results], walls, examples, batch,
-                latencies=[r.timings.total_s for r in results], params=params.to_dict(),
-                finish=[str(r.finish_reason) for r in results])
+    steps = engine.step_timing.since(before)
+    row = _row(name, [r.text for r in results], [r.usage.completion_tokens for r in results],
+               [r.nfe for r in results], walls, examples, batch,
+               latencies=[r.timings.total_s for r in results], params=params.to_dict(),
+               finish=[str(r.finish_reason) for r in results])
+    return row | {"host_ms_per_step": steps["host_ms"], "forward_ms_per_step":
+                  steps["forward_ms"], "steps": steps["steps"]}
 
 
 def measure_ar(ctx: BenchContext, examples: Sequence[Any], batch: int, max_new: int
@@ -84,15 +90,25 @@ def _warm_up(ctx: BenchContext, example: Any, configs: Sequence[tuple[str, dict]
     """One untimed one-block request per configuration (first-call allocations, lazy
     imports, thread pools), so that no configuration pays them inside its timing."""
     for _, changes in configs:
-        params = ctx.base_params(**{**changes, "gen_length": ctx.block_length, "steps": None})
+        params = ctx.base_params(**{**changes, "gen_length": ctx.block_length_for_model(),
+                                    "steps": None})
         ctx.engine.generate_batch([messages(example.prompt)], params)
+
+
+def configs_for(ctx: BenchContext) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """The fast configurations to measure. A block-causal model's cache is exact, so "prefix"
+    and "dual" are the same thing there: only "prefix" (cached) and "none" (recompute) run."""
+    if not ctx.block_causal:
+        return FAST_CONFIGS
+    return tuple(c for c in FAST_CONFIGS if c[1]["cache"] != "dual")
 
 
 def run_decode(ctx: BenchContext) -> dict[str, Any]:
     examples = task_examples(ctx.n)
-    _warm_up(ctx, examples[0], (REFERENCE, *FAST_CONFIGS))
+    configs = configs_for(ctx)
+    _warm_up(ctx, examples[0], (REFERENCE, *configs))
     rows = []
-    for name, changes in (REFERENCE, *FAST_CONFIGS):
+    for name, changes in (REFERENCE, *configs):
         rows.append(measure_celeris(ctx, name, ctx.base_params(**changes), examples, ctx.batch))
     ref = rows[0]["tokens_per_s"]
     for row in rows:
@@ -102,7 +118,9 @@ def run_decode(ctx: BenchContext) -> dict[str, Any]:
              f"{ACCURACY_TOLERANCE * 100:.0f} points of the reference): {best}",
              "tok/s = completion tokens before the first EOS / wall time around "
              "engine.generate_batch; the reference is fixed, steps = gen_length, no cache, "
-             "no early stop"]
+             "no early stop",
+             "host ms/step = wall time of a denoising step minus its model forward (what the "
+             "engine itself costs per step)"]
     return section("decode", "Reference sampler vs fast decoding", DECODE_COLUMNS, rows,
                    _settings(ctx, examples), notes) | {"best": best}
 
@@ -160,6 +178,6 @@ def run_ar(ctx: BenchContext) -> dict[str, Any]:
 def _settings(ctx: BenchContext, examples: Sequence[Any]) -> dict[str, Any]:
     info = ctx.engine.info()
     return {"model": info["path"], "dtype": info["dtype"], "device": info["device"],
-            "gen_length": ctx.gen_length, "block_length": ctx.block_length,
+            "gen_length": ctx.gen_length, "block_length": ctx.block_length_for_model(),
             "batch": ctx.batch, "prompts": len(examples), "prompts_per_task": ctx.n,
             "prompt_source": "celeris.train eval_examples (held-out), as chat messages"}

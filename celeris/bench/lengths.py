@@ -28,7 +28,7 @@ def length_plan(ctx: BenchContext, prompt_len: int, context: int
     plan: list[tuple[str, int]] = []
     notes = []
     for label, target in TARGETS:
-        gen = _fit(target, context - prompt_len, ctx.block_length)
+        gen = _fit(target, context - prompt_len, ctx.block_length_for_model())
         if plan and gen <= plan[-1][1]:
             notes.append(f"{label} ({target}) dropped: the {context}-token context is full")
             continue
@@ -91,7 +91,7 @@ def run_lengths(ctx: BenchContext) -> dict[str, Any]:
              "the reference sampler is left out here (one forward per token at 1024 is minutes)",
              *cap_notes]
     settings = {"model": engine.info()["path"], "dtype": engine.info()["dtype"],
-                "block_length": ctx.block_length, "repeats": ctx.repeats, "batch": 1,
+                "block_length": ctx.block_length_for_model(), "repeats": ctx.repeats, "batch": 1,
                 "config": best, "params": params.to_dict()}
     return section("lengths", "Short / medium / long answers", LENGTH_COLUMNS, rows, settings,
                    notes)
@@ -146,7 +146,7 @@ def run_invariance(ctx: BenchContext) -> dict[str, Any]:
              f"T={INVARIANCE_TEMPERATURE} with seed 1000+i; prompts of different lengths, so "
              "the batch is left-padded"]
     settings = {"model": engine.info()["path"], "dtype": engine.info()["dtype"],
-                "gen_length": ctx.gen_length, "block_length": ctx.block_length,
+                "gen_length": ctx.gen_length, "block_length": ctx.block_length_for_model(),
                 "batch_sizes": [1, len(prompts)]}
     return section("invariance", "Batch invariance (batch 1 vs batch 16)", INVARIANCE_COLUMNS,
                    rows, settings, notes)

@@ -22,6 +22,7 @@ cache at all): the reference the cached path must equal token for token.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import torch
@@ -159,7 +160,7 @@ class BlockBatch:
         self.exact_cache = kv is not None
         self.block_size = model.config.block_size
         self.rows: list[BlockRow] = []
-        self.forward_s = 0.0              # time inside the model (bench: host overhead)
+        self.forward_s = 0.0              # the last step's time inside the model forward
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -209,8 +210,9 @@ class BlockBatch:
         elif not visible.all():
             view = _NoCacheView(pos, visible)
         cols = torch.arange(W - bs, W, device=dev).expand(len(rows), bs)            # (B, bs)
-        out = self.model(x, position_ids=pos, kv=view, logits_index=cols)
-        logits = out.logits                                                          # (B, bs, V)
+        start = time.perf_counter()
+        logits = self.model(x, position_ids=pos, kv=view, logits_index=cols).logits  # (B, bs, V)
+        self.forward_s = time.perf_counter() - start
         for r in rows:
             r.cached = r.block_start if self.exact_cache else 0
         block = x[:, W - bs:]                                                        # (B, bs)
@@ -218,6 +220,12 @@ class BlockBatch:
         k = torch.tensor([r.schedule[0] if r.schedule else 0 for r in rows], device=dev)
         x0, conf, bad = self.knobs.choose(logits, active)
         transfer = self.knobs.select(conf, active, k)
+        greedy = [r.p.first_token == "greedy" and r.block[0] == self.special.mask for r in rows]
+        if any(greedy):   # Fast-dLLM v2: a fresh block's first token alone, by argmax
+            only_first = torch.zeros_like(transfer)
+            only_first[:, 0] = active[:, 0]
+            transfer = torch.where(torch.tensor(greedy, device=dev)[:, None], only_first,
+                                   transfer)
         new_block = torch.where(transfer, x0, block)
         conf = torch.where(active, conf, 0.0)
         packed = torch.cat([new_block.double(), transfer.double(), conf.double(),

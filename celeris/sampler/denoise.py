@@ -11,6 +11,7 @@ which returns the committed tokens and confidences of every row's active block.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -166,6 +167,7 @@ class DenoiseBatch:
         self.rows: list[_Row] = []
         self.forward = make_forward(cache, model, special.mask, shift)
         self.cache = cache
+        self.forward_s = 0.0              # the last step's time inside the model forward
         self.x = torch.empty(0, 0, dtype=torch.long, device=device)
 
     def __len__(self) -> int:
@@ -231,11 +233,13 @@ class DenoiseBatch:
         idx = bstart[:, None] + torch.arange(bl, device=self.device)                # (B, bl)
         k = torch.tensor([r.schedule[0] if r.schedule else 0 for r in rows], device=self.device)
         knobs = self.knobs
+        start = time.perf_counter()
         logits = self.forward(ForwardInputs(
             x=self.x, key_mask=self.key_mask, positions=self.positions, idx=idx,
             block_starts=starts, prompt_mask=self.prompt_mask, cfg=knobs.cfg,
             any_cfg=knobs.any_cfg,
             refresh=[r.fresh_block for r in rows]))                                 # (B, bl, V)
+        self.forward_s = time.perf_counter() - start
         xb = self.x.gather(1, idx)                                                  # (B, bl)
         masked = xb == self.special.mask
         x0, conf, bad = knobs.choose(logits, masked)
