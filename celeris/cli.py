@@ -242,6 +242,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-running", type=int, default=None)
     p.add_argument("--max-queue", type=int, default=None)
+    ray = p.add_argument_group("Ray Serve (pip install -r requirements-ray.txt)")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve the same API from Ray Serve replicas, one engine each")
+    ray.add_argument("--address", default=None,
+                     help="Ray cluster address (default: start a local Ray)")
+    ray.add_argument("--replicas", type=int, default=None, help="fixed replica count (2)")
+    ray.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                     help="let Ray Serve's autoscaler choose between MIN and MAX replicas")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, metavar="G",
+                     help="GPUs each replica reserves (0)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="C",
+                     help="CPUs each replica reserves (1)")
     add_device_options(p)
     p.set_defaults(func=cmd_serve)
 
@@ -288,6 +300,16 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log", default=None, metavar="PATH", help="log file (default: OUT + .log)")
     p.add_argument("--max-retries", type=int, default=None,
                    help="--url: retries on 429/5xx/timeouts (6)")
+    ray = p.add_argument_group("Ray Data (pip install -r requirements-ray.txt)")
+    ray.add_argument("--ray", action="store_true",
+                     help="run on Ray Data actors, one engine per replica")
+    ray.add_argument("--address", default=None,
+                     help="Ray cluster address (default: a local Ray started for this job)")
+    ray.add_argument("--replicas", type=int, default=None, help="engine actors (2)")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, metavar="G",
+                     help="GPUs each actor reserves (0)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="C",
+                     help="CPUs each actor reserves (1)")
     add_device_options(p)
     p.set_defaults(func=cmd_batch)
 
