@@ -1,6 +1,6 @@
 """Command line interface: ``python -m celeris <command>`` (the only argparse in Celeris).
 
-Commands: generate | eval | train | serve | bench | batch. Every handler imports the engine
+Commands: generate | eval | train | serve | bench | batch | space. Every handler imports the engine
 lazily, so ``import celeris.cli`` (and ``--help``) works without torch or a model.
 Generation options default to None and only the given ones override the model's defaults;
 ``GenerationParams`` validates them, so messages match the server and the UI.
@@ -184,6 +184,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return _dispatch("batch", "celeris.batch", args)
 
 
+def cmd_space(args: argparse.Namespace) -> int:
+    return _dispatch("space", "celeris.space", args)
+
+
 # ----------------------------------------------------------------------- parser
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate one answer and print it")
@@ -314,11 +318,21 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_batch)
 
 
+def _add_space(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("space", help="assemble (and push) a Hugging Face Space folder")
+    p.add_argument("dir", metavar="DIR", help="folder to write the Space into")
+    p.add_argument("--push", default=None, metavar="REPO_ID",
+                   help="then upload it to this Space (user/name) with huggingface_hub")
+    p.add_argument("--private", action="store_true", help="create the Space as private")
+    p.set_defaults(func=cmd_space)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m celeris",
                                      description="Celeris: masked-diffusion LLM inference")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_generate, _add_eval, _add_train, _add_serve, _add_bench, _add_batch):
+    for add in (_add_generate, _add_eval, _add_train, _add_serve, _add_bench, _add_batch,
+                _add_space):
         add(sub)
     return parser
 
