@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .jobs import Invalid, Job, file_sha256, read_jobs
-from .ray_data import RayRunner
+from .ray_data import RayRunner, import_ray
 from .runners import LocalRunner, Outcome, RemoteRunner, output_record
 from .store import ResultStore
 
@@ -142,6 +142,8 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     from celeris import Engine, GenerationParams
 
     ray = _check_mode(args)
+    if ray:
+        import_ray()            # a missing Ray is reported before the model is loaded
     if args.url:
         runner = RemoteRunner(args.url, args.api_key,
                               max_retries=getattr(args, "max_retries", None) or 6)
