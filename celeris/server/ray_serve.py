@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import threading
 from typing import Any
 
@@ -115,19 +116,35 @@ def main(args: argparse.Namespace) -> int:
         autoscale=getattr(args, "autoscale", None),
         cpus_per_replica=_or(getattr(args, "cpus_per_replica", None), 1.0),
         gpus_per_replica=_or(getattr(args, "gpus_per_replica", None), 0.0), **engine_options)
-    if not ray.is_initialized():
+    started = not ray.is_initialized()
+    if started:
         ray.init(address=getattr(args, "address", None), include_dashboard=False)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    serve.run(app, name=APP_NAME, route_prefix="/")
-    print(f"Celeris on Ray Serve: http://{args.host}:{args.port}/v1   (Ctrl+C to stop)",
-          flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)    # docker stop / kill: the same clean exit
     try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        print(f"Celeris on Ray Serve: http://{args.host}:{args.port}/v1   (Ctrl+C to stop)",
+              flush=True)
         threading.Event().wait()
     except KeyboardInterrupt:
-        pass
+        log.info("stopping: deleting the Serve application")
     finally:
-        serve.delete(APP_NAME)
+        _stop(serve, ray, started)
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop(serve: Any, ray: Any, started: bool) -> None:
+    """Delete the app; a Ray this command started is shut down with it (Serve included)."""
+    try:
+        serve.delete(APP_NAME)
+    finally:
+        if started:
+            serve.shutdown()
+            ray.shutdown()
 
 
 def _or(value: Any, default: Any) -> Any:
