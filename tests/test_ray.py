@@ -195,6 +195,9 @@ def test_ray_serve_answers_the_openai_client_on_two_replicas(serve_url):
         client.completions.create(model="m", prompt="x", temperature=-1)
     assert b"celeris_" in _get(serve_url + "/metrics", "sekrit")[1]
     assert _running() == 2 and len(_replica_names()) == 2
+    answered_by = {client.models.with_raw_response.list().headers["x-celeris-replica"]
+                   for _ in range(20)}
+    assert len(answered_by) == 2, f"requests were not spread over the replicas: {answered_by}"
 
 
 def test_a_killed_replica_is_replaced_and_the_api_keeps_answering(serve_url):

@@ -26,6 +26,7 @@ RAY_MISSING = ("--ray needs Ray Serve, an optional dependency: pip install -r "
                "requirements-ray.txt (or run without --ray)")
 APP_NAME, DEPLOYMENT_NAME = "celeris", "Celeris"
 AUTOSCALE_TARGET = 4            # in-flight requests per replica before the autoscaler adds one
+REPLICA_HEADER = "x-celeris-replica"
 MAX_ONGOING = 64                # per replica; the engine's own scheduler queues and sheds load
 
 
@@ -47,14 +48,36 @@ class CelerisReplica:
         self.state: Any = None
 
     def __serve_build_asgi_app__(self) -> Any:   # Ray Serve calls this after __init__
+        from ray import serve
+
         app = create_app(self.engine, api_key=self.api_key, host=self.host)
         self.state = app.state.celeris
+        app.add_middleware(ReplicaHeader, replica=serve.get_replica_context().replica_id.unique_id)
         return app
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose warm-up failed is replaced."""
         if self.state is not None and self.state.failure:
             raise RuntimeError(self.state.failure)
+
+
+class ReplicaHeader:
+    """ASGI middleware: every HTTP response names the replica that answered it (a plain ASGI
+    wrapper, so streamed responses and client disconnects pass through untouched)."""
+
+    def __init__(self, app: Any, replica: str) -> None:
+        self.app, self.header = app, (REPLICA_HEADER.encode(), replica.encode())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_named(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_named)
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:
