@@ -236,3 +236,19 @@ def test_a_killed_replica_is_replaced_and_the_api_keeps_answering(serve_url):
     assert replaced is not None, f"no new replica within 120 s: {report}"
     assert answered >= 5, report
     assert all(at <= replaced for at, _ in failed), f"failures after the new replica: {report}"
+
+
+def test_serve_flags_are_checked_before_ray_starts(capsys):
+    from celeris.server.ray_serve import scaling
+    assert scaling(None, None) == {"num_replicas": 2}
+    assert scaling(None, "1:4")["autoscaling_config"] == {
+        "min_replicas": 1, "max_replicas": 4, "initial_replicas": 1,
+        "target_ongoing_requests": 4}
+    for argv, message in (
+            (["--gpus-per-replica", "1"], "--gpus-per-replica only apply with --ray"),
+            (["--ray", "--autoscale", "3:1"], "needs 0 <= MIN <= MAX and MAX >= 1, got '3:1'"),
+            (["--ray", "--autoscale", "two"], "--autoscale must be MIN:MAX"),
+            (["--ray", "--replicas", "0"], "--replicas must be >= 1, got 0"),
+            (["--ray", "--replicas", "2", "--autoscale", "1:3"], "either --replicas or")):
+        assert cli.main(["serve", *argv]) == 2
+        assert message in capsys.readouterr().err

@@ -115,12 +115,14 @@ def _ray_runner(args: argparse.Namespace, validator: LocalRunner) -> RayRunner:
     model = args.model
     if model and Path(model).exists():
         model = str(Path(model).resolve())    # actors may not share the driver's cwd
-    cpus = getattr(args, "cpus_per_replica", None)
+    given = {name: getattr(args, name, None) for name in
+             ("replicas", "gpus_per_replica", "cpus_per_replica", "address")}
     return RayRunner(validator, model=model, device=getattr(args, "device", "auto"),
                      dtype=getattr(args, "dtype", "auto"),
-                     replicas=2 if args.replicas is None else args.replicas,
-                     gpus_per_replica=args.gpus_per_replica or 0.0,
-                     cpus_per_replica=1.0 if cpus is None else cpus, address=args.address)
+                     replicas=2 if given["replicas"] is None else given["replicas"],
+                     gpus_per_replica=given["gpus_per_replica"] or 0.0,
+                     cpus_per_replica=1.0 if given["cpus_per_replica"] is None
+                     else given["cpus_per_replica"], address=given["address"])
 
 
 def _check_mode(args: argparse.Namespace) -> bool:

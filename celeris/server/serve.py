@@ -28,8 +28,8 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "ray", False):
         from .ray_serve import main as ray_main
         return ray_main(args)
-    ray_only = [flag for flag, dest in (("--replicas", "replicas"), ("--autoscale", "autoscale"),
-                                        ("--address", "address"))
+    ray_only = [f"--{dest.replace('_', '-')}" for dest in
+                ("replicas", "autoscale", "address", "gpus_per_replica", "cpus_per_replica")
                 if getattr(args, dest, None) is not None]
     if ray_only:
         raise ValueError(f"{', '.join(ray_only)} only apply with --ray")
