@@ -54,7 +54,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="autoregressive twin for the Race tab (default models/celeris-tiny-ar)")
     p.add_argument("--share", action="store_true",
                    help="public share link (not available for the mounted app; see message)")
+    p.add_argument("--require-key", action="store_true",
+                   help="refuse to listen beyond loopback without an API key (the Docker "
+                        "image passes this)")
+    p.add_argument("--allow-no-key", action="store_true",
+                   default=env.get("CELERIS_ALLOW_NO_KEY", "") == "1",
+                   help="with --require-key: serve an open demo anyway "
+                        "(env CELERIS_ALLOW_NO_KEY=1)")
     return p.parse_args(argv)
+
+
+def key_refusal(args: argparse.Namespace) -> str | None:
+    """Why ``--require-key`` forbids this start (beyond loopback, no key, not allowed)."""
+    if not args.require_key or args.api_key or args.allow_no_key or is_loopback(args.host):
+        return None
+    return (f"refusing to listen on {args.host} without an API key: anyone who can connect "
+            "could use the model. Set CELERIS_API_KEY (or --api-key), or pass --allow-no-key "
+            "(env CELERIS_ALLOW_NO_KEY=1) to serve an open demo")
 
 
 # ---------------------------------------------------------------------- engine
@@ -136,6 +152,10 @@ def public_url(host: str, port: int) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    refusal = key_refusal(args)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     if port_in_use(args.host, args.port):
         print(f"error: port {args.port} is already in use on {args.host}; "
               f"start on another one with --port {args.port + 1}", file=sys.stderr)

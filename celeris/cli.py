@@ -1,6 +1,6 @@
 """Command line interface: ``python -m celeris <command>`` (the only argparse in Celeris).
 
-Commands: generate | eval | train | serve | bench | batch. Every handler imports the engine
+Commands: generate | eval | train | serve | bench | batch | space. Every handler imports the engine
 lazily, so ``import celeris.cli`` (and ``--help``) works without torch or a model.
 Generation options default to None and only the given ones override the model's defaults;
 ``GenerationParams`` validates them, so messages match the server and the UI.
@@ -185,6 +185,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return _dispatch("batch", "celeris.batch", args)
 
 
+def cmd_space(args: argparse.Namespace) -> int:
+    return _dispatch("space", "celeris.space", args)
+
+
 # ----------------------------------------------------------------------- parser
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate one answer and print it")
@@ -249,6 +253,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--max-running", type=int, default=None)
     p.add_argument("--max-queue", type=int, default=None)
+    ray = p.add_argument_group("Ray Serve (pip install -r requirements-ray.txt)")
+    ray.add_argument("--ray", action="store_true",
+                     help="serve the same API from Ray Serve replicas, one engine each")
+    ray.add_argument("--address", default=None,
+                     help="Ray cluster address (default: start a local Ray)")
+    ray.add_argument("--replicas", type=int, default=None, help="fixed replica count (2)")
+    ray.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                     help="let Ray Serve's autoscaler choose between MIN and MAX replicas")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, metavar="G",
+                     help="GPUs each replica reserves (0)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="C",
+                     help="CPUs each replica reserves (1)")
     add_device_options(p)
     p.set_defaults(func=cmd_serve)
 
@@ -295,15 +311,35 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log", default=None, metavar="PATH", help="log file (default: OUT + .log)")
     p.add_argument("--max-retries", type=int, default=None,
                    help="--url: retries on 429/5xx/timeouts (6)")
+    ray = p.add_argument_group("Ray Data (pip install -r requirements-ray.txt)")
+    ray.add_argument("--ray", action="store_true",
+                     help="run on Ray Data actors, one engine per replica")
+    ray.add_argument("--address", default=None,
+                     help="Ray cluster address (default: a local Ray started for this job)")
+    ray.add_argument("--replicas", type=int, default=None, help="engine actors (2)")
+    ray.add_argument("--gpus-per-replica", type=float, default=None, metavar="G",
+                     help="GPUs each actor reserves (0)")
+    ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="C",
+                     help="CPUs each actor reserves (1)")
     add_device_options(p)
     p.set_defaults(func=cmd_batch)
+
+
+def _add_space(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("space", help="assemble (and push) a Hugging Face Space folder")
+    p.add_argument("dir", metavar="DIR", help="folder to write the Space into")
+    p.add_argument("--push", default=None, metavar="REPO_ID",
+                   help="then upload it to this Space (user/name) with huggingface_hub")
+    p.add_argument("--private", action="store_true", help="create the Space as private")
+    p.set_defaults(func=cmd_space)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m celeris",
                                      description="Celeris: masked-diffusion LLM inference")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_generate, _add_eval, _add_train, _add_serve, _add_bench, _add_batch):
+    for add in (_add_generate, _add_eval, _add_train, _add_serve, _add_bench, _add_batch,
+                _add_space):
         add(sub)
     return parser
 

@@ -255,3 +255,12 @@ def test_backoff_has_full_jitter_and_honours_retry_after():
     assert runner.delay(0, 5.0) >= 5.0
     assert retry_after_s("2.5") == 2.5 and retry_after_s(None) is None
     assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+
+
+def test_ray_flags_without_ray_installed_say_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)               # import ray -> ImportError
+    src = _write(tmp_path / "in.jsonl", [{"id": "a", "prompt": "x"}])
+    assert cli.main(["batch", str(src), "--ray", "--model", str(tmp_path / "nowhere")]) == 2
+    assert "pip install -r requirements-ray.txt" in capsys.readouterr().err
+    assert cli.main(["serve", "--ray", "--model", str(tmp_path / "nowhere")]) == 2
+    assert "pip install -r requirements-ray.txt" in capsys.readouterr().err

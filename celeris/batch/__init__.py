@@ -3,6 +3,8 @@
 The whole input is validated before anything is generated; each result is appended to OUT
 (or the error file) as one fsync'd line the moment it is ready; a rerun resumes where the last
 one stopped. Seeds come from the ids, so a resumed job writes what an uninterrupted one would.
+Jobs run in-process, on a remote server (``--url``) or on Ray Data actors (``--ray``); all
+three share the validation, the store and the output records.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .jobs import Invalid, Job, file_sha256, read_jobs
+from .ray_data import RayRunner, import_ray
 from .runners import LocalRunner, Outcome, RemoteRunner, output_record
 from .store import ResultStore
 
@@ -99,25 +102,67 @@ def _run_remote(runner: RemoteRunner, todo: list[Job], concurrency: int, store: 
             bar.update(1)
 
 
+def _run_ray(runner: RayRunner, todo: list[Job], concurrency: int, store: ResultStore,
+             summary: Summary, log: logging.Logger, bar: Any) -> None:
+    def record(outcome: Outcome) -> None:
+        _record(store, outcome, summary, log)
+        bar.update(1)
+
+    runner.run(todo, concurrency, record)
+
+
+def _ray_runner(args: argparse.Namespace, validator: LocalRunner) -> RayRunner:
+    model = args.model
+    if model and Path(model).exists():
+        model = str(Path(model).resolve())    # actors may not share the driver's cwd
+    given = {name: getattr(args, name, None) for name in
+             ("replicas", "gpus_per_replica", "cpus_per_replica", "address")}
+    return RayRunner(validator, model=model, device=getattr(args, "device", "auto"),
+                     dtype=getattr(args, "dtype", "auto"),
+                     replicas=2 if given["replicas"] is None else given["replicas"],
+                     gpus_per_replica=given["gpus_per_replica"] or 0.0,
+                     cpus_per_replica=1.0 if given["cpus_per_replica"] is None
+                     else given["cpus_per_replica"], address=given["address"])
+
+
+def _check_mode(args: argparse.Namespace) -> bool:
+    """True for a Ray run; refuses flags that belong to another mode."""
+    ray = bool(getattr(args, "ray", False))
+    if args.url and (args.model or ray):
+        raise ValueError("--url (remote) cannot be combined with --model or --ray")
+    ray_only = [flag for flag, dest in (("--address", "address"), ("--replicas", "replicas"),
+                                        ("--gpus-per-replica", "gpus_per_replica"),
+                                        ("--cpus-per-replica", "cpus_per_replica"))
+                if getattr(args, dest, None) is not None]
+    if ray_only and not ray:
+        raise ValueError(f"{', '.join(ray_only)} only apply with --ray")
+    return ray
+
+
 def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """(runner, base params for validation, facts for the sidecar)."""
     from celeris import Engine, GenerationParams
 
+    ray = _check_mode(args)
+    if ray:
+        import_ray()            # a missing Ray is reported before the model is loaded
     if args.url:
-        if args.model:
-            raise ValueError("give either --model (in-process) or --url (remote), not both")
         runner = RemoteRunner(args.url, args.api_key,
                               max_retries=getattr(args, "max_retries", None) or 6)
         return runner, GenerationParams(), {"url": args.url}
-    engine = Engine.from_pretrained(args.model, device=getattr(args, "device", "auto"),
+    device = "cpu" if ray else getattr(args, "device", "auto")   # Ray: the driver only checks
+    engine = Engine.from_pretrained(args.model, device=device,
                                     dtype=getattr(args, "dtype", "auto"))
     runner = LocalRunner(engine)
-    return runner, runner.base, {"model": engine.info()["path"]}
+    facts = {"model": engine.info()["path"]}
+    if ray:
+        return _ray_runner(args, runner), runner.base, {**facts, "ray": True}
+    return runner, runner.base, facts
 
 
 def _validate(input_path: Path, runner: Any, base: Any, skip_invalid: bool
               ) -> tuple[list[Job], list[Invalid], int]:
-    check = runner.check if isinstance(runner, LocalRunner) else None
+    check = getattr(runner, "check", None)
     jobs, invalid, total = read_jobs(input_path, base, check)
     if invalid and not skip_invalid:
         listed = "\n  ".join(str(i) for i in invalid[:50])
@@ -155,7 +200,8 @@ def run_job(args: argparse.Namespace) -> Summary:
         bar = _bar(total, total - len(todo))
         start = time.perf_counter()
         try:
-            run = _run_local if isinstance(runner, LocalRunner) else _run_remote
+            run = {LocalRunner: _run_local, RemoteRunner: _run_remote,
+                   RayRunner: _run_ray}[type(runner)]
             run(runner, todo, concurrency, store, summary, log, bar)
         finally:
             bar.close()

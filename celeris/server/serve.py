@@ -1,6 +1,7 @@
 """``python -m celeris serve``: the API alone, under uvicorn, with a draining shutdown.
 
 The port opens at once; the model loads in the background (/ready answers 503 meanwhile).
+With ``--ray`` the same app runs as Ray Serve replicas instead (``ray_serve``).
 SIGTERM or Ctrl+C stops admitting requests (503), lets running ones finish within
 ``--drain-timeout`` seconds, then exits 0; a second signal exits at once.
 """
@@ -24,6 +25,14 @@ DRAIN_TIMEOUT_S = 30.0
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "ray", False):
+        from .ray_serve import main as ray_main
+        return ray_main(args)
+    ray_only = [f"--{dest.replace('_', '-')}" for dest in
+                ("replicas", "autoscale", "address", "gpus_per_replica", "cpus_per_replica")
+                if getattr(args, dest, None) is not None]
+    if ray_only:
+        raise ValueError(f"{', '.join(ray_only)} only apply with --ray")
     api_key = getattr(args, "api_key", None) or os.environ.get("CELERIS_API_KEY") or None
     options = {k: v for k in ("max_running", "max_queue")
                if (v := getattr(args, k, None)) is not None}
