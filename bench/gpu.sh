@@ -2,6 +2,8 @@
 # The prepared GPU check (issue 7 point 3, issue 4): CUDA kernel tests, then a LLaDA-8B-shaped
 # model with random bf16 weights built on the GPU (nothing downloaded): reference vs cached
 # decoding step latency and tokens/s at 1/4/8 tokens per forward, batch 1/8/32, prompt 512,
+# full attention (none/prefix/dual caches) and the same weights block-causal (block/none vs
+# block/exact: the exact append-only KV cache),
 # block 32; peak memory; fraction of HBM bandwidth and of bf16 FLOP/s.
 # Sized for <= 8 minutes on one H200 (runs predicted past 6 minutes are skipped and listed).
 #

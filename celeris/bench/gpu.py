@@ -1,7 +1,9 @@
 """gpu: the prepared device check. CUDA kernel tests, then a LLaDA-8B-shaped model with random
 bf16 weights built on the GPU (nothing downloaded): per-step latency and tokens/s of the
 reference (no cache) and the cached forwards at fixed tokens per forward, for several batch
-sizes; peak memory; achieved fraction of HBM bandwidth and of bf16 FLOP/s.
+sizes; then the same weights as a block-causal model (blocks of 32: recompute vs the exact
+append-only cache, rows "block/none" and "block/exact"); peak memory; achieved fraction of HBM
+bandwidth and of bf16 FLOP/s.
 
 Random weights rarely produce EOS, and EOS is suppressed anyway, so every row generates exactly
 gen_length tokens: the step count is gen_length / tokens-per-forward by construction.
@@ -43,6 +45,7 @@ class GpuPlan:
 
 FULL_PLAN = GpuPlan(512, 32, 64, (1, 8, 32), (1, 4, 8), ("none", "prefix", "dual"), 360.0)
 TINY_PLAN = GpuPlan(32, 8, 16, (1, 4), (1, 4, 8), ("none", "prefix", "dual"), 60.0)
+BLOCK_CACHES = ("block/none", "block/exact")     # block-causal: recompute, exact KV cache
 GPU_COLUMNS = (("cache", "cache", "s"), ("batch", "batch", "d"),
                ("tokens_per_forward", "TPF", "d"), ("steps", "steps", "d"),
                ("step_ms", "step ms", ".2f"), ("tokens_per_s", "tok/s", ".1f"),
@@ -177,6 +180,7 @@ class _Runner:
     def params(self, cache: str, tpf: int) -> Any:
         from celeris import GenerationParams
         p = self.plan
+        cache = {"block/none": "none", "block/exact": "prefix"}.get(cache, cache)
         return GenerationParams(gen_length=p.gen_length, block_length=p.block_length,
                                 steps=p.gen_length // tpf, decoding="fixed", cache=cache,
                                 suppress_eos=True, temperature=0.0, seed=0)
@@ -213,10 +217,11 @@ def _device_hooks(device: Any) -> tuple[Any, Any, Any]:
     return (lambda: None), (lambda: memory_info(device)["memory_bytes"]), (lambda: None)
 
 
-def _measure(runner: _Runner, plan: GpuPlan, bar: Any) -> tuple[list[dict], list[str]]:
-    rows, skipped, start = [], [], time.perf_counter()
+def _measure(runner: _Runner, plan: GpuPlan, bar: Any, caches: Sequence[str],
+             start: float) -> tuple[list[dict], list[str]]:
+    rows, skipped = [], []
     for batch in plan.batches:
-        for cache in plan.caches:
+        for cache in caches:
             warm = runner.time(cache, batch, max(plan.tokens_per_forward))   # untimed warm-up
             per_step = warm["wall_s"] / warm["steps"]
             for tpf in plan.tokens_per_forward:
@@ -232,10 +237,10 @@ def _measure(runner: _Runner, plan: GpuPlan, bar: Any) -> tuple[list[dict], list
 
 def _annotate(rows: list[dict], costs: dict[str, float], gpu: str | None) -> None:
     bw, peak = _peaks(gpu)
-    ref = {(r["batch"], r["tokens_per_forward"]): r["tokens_per_s"]
-           for r in rows if r["cache"] == "none"}
+    ref = {(r["cache"].startswith("block"), r["batch"], r["tokens_per_forward"]):
+           r["tokens_per_s"] for r in rows if r["cache"] in ("none", "block/none")}
     for r in rows:
-        base = ref.get((r["batch"], r["tokens_per_forward"]))
+        base = ref.get((r["cache"].startswith("block"), r["batch"], r["tokens_per_forward"]))
         r["vs_none"] = r["tokens_per_s"] / base if base else None
         r["hbm_fraction"] = r["weight_gb_per_s"] * 1e9 / bw if bw else None
         r["flops_fraction"] = r["achieved_tflops"] * 1e12 / peak if peak else None
@@ -259,9 +264,19 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
                     Path("random-llada-8b-shape" if not ctx.tiny else "random-tiny"),
                     EngineConfig(device=device.type, dtype=dtype_name))
     costs = _model_costs(model)
-    runner = _Runner(engine, plan, costs, *_device_hooks(device))
-    bar = ctx.bar(len(plan.batches) * len(plan.caches) * len(plan.tokens_per_forward), "gpu")
-    rows, skipped = _measure(runner, plan, bar)
+    hooks = _device_hooks(device)
+    runner = _Runner(engine, plan, costs, *hooks)
+    bar = ctx.bar(len(plan.batches) * (len(plan.caches) + len(BLOCK_CACHES))
+                  * len(plan.tokens_per_forward), "gpu")
+    start = time.perf_counter()
+    rows, skipped = _measure(runner, plan, bar, plan.caches, start)
+    # the same weights, attending block-causally (blocks of block_length): a new engine
+    model.config.attention, model.config.block_size = "block_causal", plan.block_length
+    block_engine = Engine(model, engine.tokenizer, engine.model_dir, engine.config)
+    more, more_skipped = _measure(_Runner(block_engine, plan, costs, *hooks), plan, bar,
+                                  BLOCK_CACHES, start)
+    model.config.attention = "bidirectional"
+    rows, skipped = rows + more, skipped + more_skipped
     bar.close()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     _annotate(rows, costs, gpu)
@@ -275,6 +290,9 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
              f"{kernels.get('summary') or kernels.get('reason', '')}".strip(),
              "decoding fixed with steps = gen_length / TPF, EOS suppressed, temperature 0; "
              "cache none = the reference forward; tok/s counts all batch rows",
+             "block/*: the same weights with block-causal attention over blocks of "
+             f"{plan.block_length}: block/none recomputes prompt + finished blocks + block "
+             "every step, block/exact forwards only the block against the exact KV cache",
              "HBM frac = weight bytes (all but the embedding) x steps / wall / peak bandwidth; "
              "FLOP frac = estimated FLOPs (matmuls + attention + head) / wall / peak dense bf16",
              *(f"skipped: {s}" for s in skipped)]
