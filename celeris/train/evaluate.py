@@ -94,6 +94,12 @@ def _eval_diffusion(model, overrides, sets, device, started) -> dict[str, Any]:
         hf = engine.tokenizer.hf
         seqs = _story_ids(lambda s: list(hf(s, add_special_tokens=False)["input_ids"]),
                           hf.bos_token_id, engine.tokenizer.special.eos)
+        if model_obj.config.block_causal:   # the block-diffusion loss, as in training
+            from celeris.train.blockdiff import block_eval_loss
+            extra["masked_loss"] = block_eval_loss(
+                model_obj, seqs, model_obj.config.block_size, engine.tokenizer.special.mask,
+                engine.tokenizer.special.pad, device=str(engine.device))["masked_loss"]
+            return _report(name, "diffusion", params.to_dict(), preds, sets, started, extra)
         ml = objective.masked_eval_loss(
             model_obj, seqs, engine.tokenizer.special.mask, engine.tokenizer.special.pad,
             device=str(engine.device), skip_first=0 if hf.bos_token_id is None else 1,
