@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # layer -> module prefixes; a prefix matches the module itself and its submodules.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "L0": ("celeris.config", "celeris.params", "celeris.outputs"),
+    "L0": ("celeris.config", "celeris.params", "celeris.outputs", "celeris.request_params"),
     "L1": ("celeris.kernels", "celeris.tokenizer"),
     "L2": ("celeris.cache", "celeris.model"),
     "L3": ("celeris.sampler",),

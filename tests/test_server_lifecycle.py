@@ -17,7 +17,8 @@ import pytest
 from starlette.responses import PlainTextResponse
 
 import celeris
-from celeris.server import bench_serve, create_app
+from celeris.bench.load import bench_serve
+from celeris.server import create_app
 from tests.live_server import live_server, slow_down, wait_until_ready
 from tests.tiny_model import make_tiny_model_dir
 

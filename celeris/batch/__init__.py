@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -106,8 +107,9 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     if args.url:
         if args.model:
             raise ValueError("give either --model (in-process) or --url (remote), not both")
-        runner = RemoteRunner(args.url, args.api_key,
-                              max_retries=getattr(args, "max_retries", None) or 6)
+        api_key = args.api_key or os.environ.get("CELERIS_API_KEY") or None
+        retries = getattr(args, "max_retries", None)
+        runner = RemoteRunner(args.url, api_key, max_retries=6 if retries is None else retries)
         return runner, GenerationParams(), {"url": args.url}
     engine = Engine.from_pretrained(args.model, device=getattr(args, "device", "auto"),
                                     dtype=getattr(args, "dtype", "auto"))
@@ -117,8 +119,7 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
 
 def _validate(input_path: Path, runner: Any, base: Any, skip_invalid: bool
               ) -> tuple[list[Job], list[Invalid], int]:
-    check = runner.check if isinstance(runner, LocalRunner) else None
-    jobs, invalid, total = read_jobs(input_path, base, check)
+    jobs, invalid, total = read_jobs(input_path, base, runner.check)
     if invalid and not skip_invalid:
         listed = "\n  ".join(str(i) for i in invalid[:50])
         more = f"\n  ... and {len(invalid) - 50} more" if len(invalid) > 50 else ""
@@ -160,7 +161,7 @@ def run_job(args: argparse.Namespace) -> Summary:
         finally:
             bar.close()
             summary.seconds = time.perf_counter() - start
-            summary.completed, summary.failed = len(store.done_ok), len(store.done_failed)
+            summary.completed, summary.failed = len(store.done_ok), store.num_failed
             log.info("summary: %s", summary.line())
             for handler in list(log.handlers):
                 log.removeHandler(handler)

@@ -8,17 +8,18 @@ before that mount, which catches every path).
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from fastapi import FastAPI
 
 from . import errors
-from .auth import LoopbackHostGuard, is_loopback
+from .auth import add_loopback_host_check, is_loopback
 from .metrics import StatusCounter
 from .routes import register_routes
 from .state import EngineSource, ServerState
 
 log = logging.getLogger("celeris.server")
+MAX_HEADERS = 64   # header lines per request (their total size is capped by uvicorn)
 
 
 def create_app(engine: EngineSource, *, api_key: str | None = None, host: str = "127.0.0.1",
@@ -48,10 +49,11 @@ def add_routes(app: FastAPI, engine: EngineSource, *, api_key: str | None = None
     errors.install(app)
     paths = frozenset(r.path for r in app.routes[before:] if "{" not in r.path)
     app.add_middleware(StatusCounter, metrics=state.metrics, paths=paths)
+    app.add_middleware(HeaderCountLimit, max_headers=MAX_HEADERS)
     _add_cors(app, cors_origins)
     loopback = is_loopback(host)
     if loopback:
-        app.add_middleware(LoopbackHostGuard)   # outermost: checked before anything else
+        add_loopback_host_check(app)   # outermost: checked before anything else
     elif not api_key:
         log.warning("serving on %s, which is reachable from other machines, without an API "
                     "key: anyone who can connect can use the model (set --api-key or "
@@ -72,3 +74,19 @@ def _add_cors(app: FastAPI, origins: Sequence[str]) -> None:
     app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=False,
                        allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type"])
+
+
+class HeaderCountLimit:
+    """ASGI middleware: 431 for an HTTP request with more than ``max_headers`` headers."""
+
+    def __init__(self, app: Any, max_headers: int) -> None:
+        self.app, self.max_headers = app, max_headers
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        count = len(scope.get("headers") or ())
+        if scope["type"] != "http" or count <= self.max_headers:
+            return await self.app(scope, receive, send)
+        error = errors.APIError(431, f"the request has {count} headers; the limit is "
+                                f"{self.max_headers}", None, "too_many_headers",
+                                type="invalid_request_error")
+        await error.response()(scope, receive, send)
