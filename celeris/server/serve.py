@@ -70,7 +70,7 @@ def uvicorn_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Co
     request head, and an access log that never records query strings."""
     config = uvicorn.Config(app, host=host, port=port, http="h11",
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-                            **{"log_level": "info", **options})
+                            **{"log_level": "info", "timeout_graceful_shutdown": 10, **options})
     logging.getLogger("uvicorn.access").addFilter(strip_query_strings)
     return config
 
@@ -87,8 +87,8 @@ class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first SIGTERM/SIGINT drains the engine before shutting down.
 
     uvicorn's own handler closes the socket at once and re-raises the signal at exit (which
-    ends the process by that signal). A second signal here stops the engine at once instead
-    (``exit_code`` is then 128 + the signal).
+    ends the process by that signal). A second signal here aborts the running requests and
+    shuts down as usual (``exit_code`` is then 128 + the signal); a third stops waiting.
     """
 
     def __init__(self, config: uvicorn.Config, state: ServerState | None,
@@ -99,33 +99,33 @@ class DrainingServer(uvicorn.Server):
         self.forced_by: int | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.draining or self.should_exit:
+        if self.forced_by is not None:      # a third signal: stop waiting for anything
+            self.force_exit = True
+        elif self.draining or self.should_exit:
             log.warning("signal %s again: aborting the running requests and exiting", sig)
             self.forced_by = sig
-            self.should_exit = self.force_exit = True
-            threading.Thread(target=self._stop_engine, name="celeris-stop",
-                             daemon=True).start()
-            return
-        self.draining = True
-        log.info("signal %s: draining for up to %g s, then exiting (a second signal exits "
-                 "at once)", sig, self.drain_timeout)
-        threading.Thread(target=self._drain, name="celeris-drain", daemon=True).start()
+            threading.Thread(target=self._abort_all, name="celeris-stop", daemon=True).start()
+        else:
+            self.draining = True
+            log.info("signal %s: draining for up to %g s, then exiting (a second signal exits "
+                     "at once)", sig, self.drain_timeout)
+            threading.Thread(target=self._drain, name="celeris-drain", daemon=True).start()
 
     def _drain(self) -> None:
         if self.state is not None and not self.state.drain_sync(self.drain_timeout):
             log.warning("drain timeout: the requests still running were aborted")
         self.should_exit = True
 
-    def _stop_engine(self) -> None:
+    def _abort_all(self) -> None:
+        """Stop the engine (its requests end with an error event at once), then let uvicorn
+        close the connections as in any shutdown."""
         aengine = self.state.aengine if self.state is not None else None
         if aengine is not None:
             aengine.engine.stop()
+        self.should_exit = True
 
     def exit_code(self) -> int:
-        if self.forced_by is None:
-            return 0
-        self._stop_engine()   # joins the scheduler thread: nothing runs during exit
-        return 128 + int(self.forced_by)
+        return 0 if self.forced_by is None else 128 + int(self.forced_by)
 
 
 __all__ = ["main", "DrainingServer", "uvicorn_config"]
