@@ -373,8 +373,22 @@ def test_a_body_that_is_not_declared_json_is_refused(url, content_type):
     assert ok.status_code == 200
 
 
-def test_too_many_headers_are_refused_with_431(url):
+def test_too_many_or_too_large_headers_are_refused_with_431(url):
     many = {f"x-extra-{i}": "1" for i in range(80)}
     response = httpx.get(f"{url}/v1/models", headers={**AUTH, **many})
-    assert_error(response, 431, "invalid_request_error", None, "too_many_headers")
+    assert_error(response, 431, "invalid_request_error", None, "headers_too_large")
+    big = {"x-big": "y" * 17_000}
+    response = httpx.post(f"{url}/v1/completions", headers={**AUTH, **big}, json={"prompt": "x"})
+    assert_error(response, 431, "invalid_request_error", None, "headers_too_large")
     assert httpx.get(f"{url}/v1/models", headers=AUTH).status_code == 200
+
+
+def test_access_log_never_records_query_strings():
+    from celeris.server.serve import strip_query_strings
+
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
+                               '%s - "%s %s HTTP/%s" %d', ("127.0.0.1:5", "GET",
+                                                           f"/v1/models?api_key={KEY}", "1.1",
+                                                           401), None)
+    assert strip_query_strings(record)
+    assert record.getMessage() == '127.0.0.1:5 - "GET /v1/models HTTP/1.1" 401'

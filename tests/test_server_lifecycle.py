@@ -62,6 +62,7 @@ def test_sigterm_drains_running_requests_refuses_new_ones_and_exits_0(model_dir)
     url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
     try:
         wait_until_ready(url, 90)
+        assert httpx.get(f"{url}/v1/models?api_key={key}").status_code == 401
         body = {"prompt": "drain me", "max_tokens": 512, "block_length": 32, "steps": 256,
                 "suppress_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=auth,

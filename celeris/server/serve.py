@@ -22,7 +22,7 @@ from .state import ServerState
 
 log = logging.getLogger("celeris.server")
 DRAIN_TIMEOUT_S = 30.0
-MAX_HEADER_BYTES = 16 * 1024   # request line + headers (h11); beyond it the connection ends
+MAX_HEAD_BYTES = 20 * 1024   # a request head arriving in pieces (h11; whole ones: HeaderLimit)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -66,10 +66,10 @@ def _drain_timeout(value: Any) -> float:
 
 
 def uvicorn_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
-    """uvicorn settings shared by ``serve`` and app.py: h11 with a cap on the size of the
-    request head, and an access log that never records query strings."""
+    """uvicorn settings shared by ``serve`` and app.py: h11 with a cap on a request head that
+    arrives in pieces, and an access log that never records query strings."""
     config = uvicorn.Config(app, host=host, port=port, http="h11",
-                            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
                             **{"log_level": "info", "timeout_graceful_shutdown": 10, **options})
     logging.getLogger("uvicorn.access").addFilter(strip_query_strings)
     return config
