@@ -249,6 +249,7 @@ class _BusyServer(_FlakyServer):
     """503 (retryable) while ``busy``; 400 for 'bad' prompts; serves model 'm' only."""
 
     busy = True
+    auth: list[str] = []
 
     def do_GET(self):  # noqa: N802
         self._send(200, {"object": "list", "data": [{"id": "m", "object": "model",
@@ -256,6 +257,7 @@ class _BusyServer(_FlakyServer):
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.auth.append(self.headers.get("Authorization"))
         if "bad" in body["prompt"]:
             return self._send(400, {"error": {"message": "nope"}})
         if self.busy:
@@ -275,8 +277,10 @@ def busy_url():
     server.shutdown()
 
 
-def test_retryable_failures_are_tried_again_on_resume_and_final_ones_are_not(tmp_path,
-                                                                            busy_url, capsys):
+def test_retryable_failures_are_tried_again_on_resume_and_final_ones_are_not(
+        tmp_path, busy_url, capsys, monkeypatch):
+    monkeypatch.setenv("CELERIS_API_KEY", "env-key")      # not on the command line (ps)
+    _BusyServer.auth = []
     src = _write(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p1"}, {"id": "b", "prompt": "p2"},
                                          {"id": "x", "prompt": "bad"}])
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
@@ -293,6 +297,33 @@ def test_retryable_failures_are_tried_again_on_resume_and_final_ones_are_not(tmp
     assert "completed 2, failed 1, already done before this run 1" in summary
     assert sorted(r["custom_id"] for r in _records(out)) == ["a", "b"]
     assert cli.main(args) == 1 and "already done before this run 3" in capsys.readouterr().out
+    assert set(_BusyServer.auth) == {"Bearer env-key"}
+
+
+def test_out_of_memory_in_process_retries_smaller_then_records_a_retryable_503():
+    from celeris.batch.jobs import Job
+    from celeris.batch.runners import LocalRunner, output_record
+
+    class OutOfMemoryEngine:
+        batches: list[int] = []
+
+        def default_params(self):
+            return GenerationParams(gen_length=8, block_length=8)
+
+        def info(self):
+            return {"model": "m"}
+
+        def generate_batch(self, prompts, params, ids):
+            self.batches.append(len(prompts))
+            raise MemoryError("no room for the KV cache")
+
+    engine = OutOfMemoryEngine()
+    jobs = [Job(i + 1, f"j{i}", "/v1/completions", "p", {}) for i in range(3)]
+    outcomes = LocalRunner(engine).run(jobs)
+    assert engine.batches == [3, 1, 1, 1]                  # the batch, then one row at a time
+    assert [o.status for o in outcomes] == [503] * 3
+    record = output_record(outcomes[0])
+    assert record["error"]["retryable"] and "out of memory" in record["error"]["message"]
 
 
 def test_body_model_is_checked_like_the_server_does(tmp_path, model, busy_url, capsys):
