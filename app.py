@@ -19,15 +19,14 @@ from typing import Any, Callable, Sequence
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
-import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 
 import celeris  # noqa: E402
 import ui  # noqa: E402
 from celeris.server import create_app  # noqa: E402
-from celeris.server.auth import LoopbackHostGuard, is_loopback  # noqa: E402
-from celeris.server.serve import DrainingServer  # noqa: E402
+from celeris.server.auth import add_loopback_host_check, is_loopback  # noqa: E402
+from celeris.server.serve import DRAIN_TIMEOUT_S, DrainingServer, uvicorn_config  # noqa: E402
 
 try:   # Hugging Face ZeroGPU: optional; elsewhere the UI handlers run undecorated
     import spaces  # type: ignore[import-not-found]
@@ -48,6 +47,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="port for the playground and the API (default 7860)")
     p.add_argument("--api-key", default=env.get("CELERIS_API_KEY") or None,
                    help="require this bearer key on /v1 (default: env CELERIS_API_KEY)")
+    p.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S, metavar="S",
+                   help="on Ctrl+C/SIGTERM, let running API requests finish for up to S "
+                        "seconds (default 30); a second signal exits at once")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--ar-model", default=None,
@@ -110,7 +112,7 @@ def no_model_api(error: str | None, host: str) -> FastAPI:
                             status_code=503)
 
     if is_loopback(host):
-        api.add_middleware(LoopbackHostGuard)
+        add_loopback_host_check(api)
     return api
 
 
@@ -173,20 +175,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = build_app(engine, args.api_key, host=args.host, error=error, ar_path=args.ar_model)
     url = public_url(args.host, args.port)
     print(f"Celeris playground: {url}   API: {url}/v1   (Ctrl+C to stop)", flush=True)
+    server = make_server(app, args.host, args.port, args.drain_timeout)
     try:
-        make_server(app, args.host, args.port).run()
+        server.run()
     finally:
         if engine is not None:
             stop_engine(engine)
-    return 0
+    return server.exit_code()
 
 
-def make_server(app: FastAPI, host: str, port: int) -> uvicorn.Server:
+def make_server(app: FastAPI, host: str, port: int,
+                drain_timeout: float = DRAIN_TIMEOUT_S) -> DrainingServer:
     """uvicorn; with a model, Ctrl+C first drains running requests (celeris.server)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+    config = uvicorn_config(app, host, port, log_level="warning",
                             timeout_graceful_shutdown=5)   # open browser streams end too
-    state = getattr(app.state, "celeris", None)
-    return DrainingServer(config, state, 30.0) if state is not None else uvicorn.Server(config)
+    return DrainingServer(config, getattr(app.state, "celeris", None), drain_timeout)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ rem   launch.bat test [pytest args]  install the dev requirements and run the wh
 rem
 rem Creates .venv with python when it is missing and (re)installs requirements only when
 rem requirements*.txt changed since the last successful install (a sha256 stamp in .venv\).
+rem Celeris itself is installed editable (pip install -e .), which gives the `celeris` command.
 setlocal EnableExtensions
 cd /d "%~dp0"
 
@@ -48,14 +49,10 @@ set "STAMP1=%RUNTIME_STAMP%"
 set "STAMP2="
 call :ensure_requirements
 if errorlevel 1 exit /b 1
-if not exist app.py goto no_app
+call :ensure_package
+if errorlevel 1 exit /b 1
 echo [celeris] starting Celeris; the playground will be at http://localhost:7860 (Ctrl+C to stop)
 "%PY%" app.py %*
-exit /b
-:no_app
-echo [celeris] app.py is not there yet: running one CLI generation instead
-echo [celeris] ^(once app.py exists, launch.bat serves the playground at http://localhost:7860^)
-"%PY%" -m celeris generate --prompt "Once upon a time"
 exit /b
 
 rem ---------------------------------------------------------------- test mode
@@ -64,6 +61,8 @@ set "REQ_FILE=requirements-dev.txt"
 set "STAMP1=%DEV_STAMP%"
 set "STAMP2=%RUNTIME_STAMP%"
 call :ensure_requirements
+if errorlevel 1 exit /b 1
+call :ensure_package
 if errorlevel 1 exit /b 1
 rem Drop the leading "test" and pass the rest to pytest verbatim (shift would split "a=b").
 set "PYTEST_ARGS=%*"
@@ -87,4 +86,15 @@ if errorlevel 1 (
 "%PY%" -c "%HASH_PY%" write "%STAMP1%"
 if defined STAMP2 "%PY%" -c "%HASH_PY%" write "%STAMP2%"
 echo [celeris] requirements up to date
+exit /b 0
+
+rem The celeris package, editable (gives the `celeris` command); only when it is missing.
+:ensure_package
+if exist "%VENV%\Scripts\celeris.exe" exit /b 0
+echo [celeris] installing the celeris package (editable) into %VENV%
+"%PY%" -m pip install --disable-pip-version-check --no-deps -e .
+if errorlevel 1 (
+    echo [celeris] error: pip install -e . failed
+    exit /b 1
+)
 exit /b 0

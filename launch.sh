@@ -6,7 +6,9 @@
 #
 # Creates .venv with python3 when it is missing and (re)installs requirements only when
 # requirements*.txt changed since the last successful install (a sha256 stamp in .venv/).
-# Nothing is downloaded except pip packages from PyPI.
+# Celeris itself is installed editable (pip install -e .), which gives the `celeris` command
+# (.venv/bin/celeris) and `python -m celeris` from any directory. Nothing is downloaded except
+# pip packages from PyPI.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -79,8 +81,18 @@ playground_port() {
     printf '%s' "$port"
 }
 
+# The celeris package, editable: code changes need no reinstall, only a missing command does.
+ensure_package() {
+    if [ -x "$VENV/bin/celeris" ]; then
+        return
+    fi
+    log "installing the celeris package (editable) into $VENV"
+    "$PY" -m pip install --disable-pip-version-check --no-deps -e .
+}
+
 run_tests() {
     ensure_requirements requirements-dev.txt "$DEV_STAMP" "$RUNTIME_STAMP"
+    ensure_package
     log "running: python -m pytest $*"
     set +e
     "$PY" -m pytest "$@"
@@ -92,14 +104,10 @@ run_tests() {
 
 run_app() {
     ensure_requirements requirements.txt "$RUNTIME_STAMP"
+    ensure_package
     local url="http://localhost:$(playground_port "$@")"
-    if [ -f app.py ]; then
-        log "starting Celeris; the playground will be at $url (Ctrl+C to stop)"
-        exec "$PY" app.py "$@"
-    fi
-    log "app.py is not there yet: running one CLI generation instead"
-    log "(once app.py exists, ./launch.sh serves the playground at $url)"
-    exec "$PY" -m celeris generate --prompt "Once upon a time"
+    log "starting Celeris; the playground will be at $url (Ctrl+C to stop)"
+    exec "$PY" app.py "$@"
 }
 
 main() {

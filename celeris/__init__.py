@@ -1,7 +1,7 @@
 """Celeris: a fast inference engine and playground for masked diffusion language models."""
 
 from .config import (CelerisError, EngineBusyError, EngineClosedError, EngineConfig,
-                     ModelLoadError)
+                     EngineOutOfMemoryError, ModelLoadError)
 from .model import (CelerisConfig, CelerisForMaskedDiffusion, DreamConfig, FastDLLMQwenConfig,
                     LLaDAConfig, SDARConfig, load_model)
 from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
@@ -14,7 +14,7 @@ from .ar_baseline import ARBaseline
 
 __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "StepEvent",
            "FinishReason", "Timings", "Usage", "CelerisError", "ModelLoadError",
-           "EngineBusyError", "EngineClosedError", "CelerisConfig", "CelerisForMaskedDiffusion",
-           "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig", "SDARConfig", "StepTiming",
-           "load_model", "cut_at_stop", "memory_info",
+           "EngineBusyError", "EngineClosedError", "EngineOutOfMemoryError", "CelerisConfig",
+           "CelerisForMaskedDiffusion", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig",
+           "SDARConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
            "AsyncEngine", "ContextLengthError", "split_infill"]

@@ -17,10 +17,11 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .config import ModelLoadError, normalize_device, normalize_dtype
+from .config import ModelLoadError
+from .model.weights import resolve_device, resolve_dtype
+from .tokenizer import EOT_NAMES
 
 Prompt = str | Sequence[dict[str, Any]]
-EOT_NAMES = ("<|eot|>", "<|eot_id|>", "<|im_end|>")
 
 
 class ARBaseline:
@@ -41,10 +42,8 @@ class ARBaseline:
             raise ModelLoadError(f"no autoregressive model at {path} (config.json missing); "
                                  "train it with `python -m celeris train --kind ar --out "
                                  f"{path}`")
-        dev = _device(device)
-        name = normalize_dtype(dtype)
-        dt = (torch.bfloat16 if dev.type == "cuda" else torch.float32) if name == "auto" \
-            else getattr(torch, name)
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dt).to(dev).eval()
         return cls(model, tokenizer, path)
@@ -192,15 +191,6 @@ def _stopping_list(cancel: threading.Event) -> Any:
                               device=input_ids.device)
 
     return StoppingCriteriaList([_Cancelled()])
-
-
-def _device(device: str) -> torch.device:
-    name = normalize_device(device)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r} was requested but CUDA is not available")
-    return torch.device(name)
 
 
 def _stop_ids(tokenizer: Any, config: Any) -> tuple[int, ...]:

@@ -90,10 +90,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------- train / eval
 def cmd_train(args: argparse.Namespace) -> int:
-    try:
-        from celeris.train import train
-    except ImportError as exc:
-        return _unavailable("train", "celeris.train", exc)
+    from celeris.train import train
+
     try:
         summary = train(out=args.out, minutes=args.minutes, steps=args.steps,
                         device=args.device, resume=args.resume, seed=args.seed,
@@ -111,10 +109,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    try:
-        from celeris.train import evaluate
-    except ImportError as exc:
-        return _unavailable("eval", "celeris.train", exc)
+    from celeris.train import evaluate
+
     try:
         report = evaluate(model=args.model, kind=args.kind,
                           overrides=generation_overrides(args), limit=args.limit,
@@ -151,21 +147,11 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------- serve / bench / batch
-def _unavailable(command: str, module: str, exc: ImportError) -> int:
-    if exc.name != module:  # a real import error inside the module: show it
-        raise exc
-    return error(f"{command} is not available yet")
-
-
-def _dispatch(command: str, module: str, args: argparse.Namespace) -> int:
+def _run(module: str, args: argparse.Namespace) -> int:
+    """``module.main(args)``, with the user's mistakes reported as ``error: ...`` (exit 2)."""
     import importlib
 
-    try:
-        entry = getattr(importlib.import_module(module), "main")
-    except ImportError as exc:
-        return _unavailable(command, module, exc)
-    except AttributeError:
-        return error(f"{command} is not available yet")
+    entry = importlib.import_module(module).main
     try:
         code = entry(args)
     except user_errors() as exc:
@@ -174,15 +160,15 @@ def _dispatch(command: str, module: str, args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    return _dispatch("serve", "celeris.server", args)
+    return _run("celeris.server", args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    return _dispatch("bench", "celeris.bench", args)
+    return _run("celeris.bench", args)
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
-    return _dispatch("batch", "celeris.batch", args)
+    return _run("celeris.batch", args)
 
 
 def cmd_space(args: argparse.Namespace) -> int:
@@ -250,9 +236,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None)
-    p.add_argument("--max-running", type=int, default=None)
-    p.add_argument("--max-queue", type=int, default=None)
+    p.add_argument("--api-key", default=None,
+                   help="require this bearer key on /v1 (default: env CELERIS_API_KEY, which "
+                        "unlike the flag is not visible in ps)")
+    p.add_argument("--max-running", type=int, default=None,
+                   help="requests denoised together in one batch (8)")
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="requests waiting for a slot before new ones get 429 (64)")
+    p.add_argument("--request-timeout", type=float, default=None, metavar="S",
+                   help="abort a request (504) that has not finished after S seconds (600)")
+    p.add_argument("--drain-timeout", type=float, default=None, metavar="S",
+                   help="on SIGTERM/Ctrl+C, let running requests finish for up to S seconds "
+                        "(30); a second signal exits at once")
     ray = p.add_argument_group("Ray Serve (pip install -r requirements-ray.txt)")
     ray.add_argument("--ray", action="store_true",
                      help="serve the same API from Ray Serve replicas, one engine each")
@@ -303,7 +298,8 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--errors", default=None, metavar="ERR")
     p.add_argument("--model", default=None)
     p.add_argument("--url", default=None, help="remote server base URL (default: in-process)")
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=None,
+                   help="--url: bearer key (default: env CELERIS_API_KEY)")
     p.add_argument("--concurrency", type=int, default=None)
     p.add_argument("--skip-invalid", action="store_true",
                    help="send invalid lines to the error file instead of stopping")
@@ -335,7 +331,7 @@ def _add_space(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m celeris",
+    parser = argparse.ArgumentParser(prog="celeris",
                                      description="Celeris: masked-diffusion LLM inference")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_generate, _add_eval, _add_train, _add_serve, _add_bench, _add_batch,

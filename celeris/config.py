@@ -26,6 +26,14 @@ class EngineBusyError(CelerisError):
         self.retry_after = retry_after
 
 
+class EngineOutOfMemoryError(CelerisError):
+    """A step ran out of device or host memory: a capacity problem; retry later."""
+
+    def __init__(self, message: str, retry_after: float = 5.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class EngineClosedError(CelerisError):
     """The engine is shutting down (draining) and takes no new requests."""
 

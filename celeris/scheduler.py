@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .config import EngineBusyError, EngineClosedError, EngineConfig
+from .config import EngineBusyError, EngineClosedError, EngineConfig, EngineOutOfMemoryError
 from .outputs import FinishReason, GenerationResult
 from .sampler import SamplerRequest
 from .steploop import Item, RequestState, Sink, StepLoop, is_final
@@ -54,6 +54,8 @@ class Scheduler:
         self._slots: dict[str, _Slot] = {}           # submitted, result not yet delivered
         self._closed = self._stopping = False
         self._latency_s = 1.0                        # moving average, for Retry-After
+        self.step_failures = 0                       # consecutive failed steps (0 after a good one)
+        self.step_failures_total = 0
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -175,19 +177,12 @@ class Scheduler:
         return True
 
     # ------------------------------------------------------------ numbers
-    @property
-    def num_running(self) -> int:
-        return self._run_slots
-
-    @property
-    def num_queued(self) -> int:
-        return len(self._queued)
-
     def stats(self) -> dict[str, Any]:
         with self._cond:
             return {"running": self._run_slots, "queued": len(self._queued),
                     "max_running": self.max_running, "max_queue": self.max_queue,
-                    "draining": self._closed}
+                    "draining": self._closed, "step_failures": self.step_failures,
+                    "step_failures_total": self.step_failures_total}
 
     # ------------------------------------------------------------ internals (hold _cond)
     def _busy(self) -> bool:
@@ -236,6 +231,7 @@ class Scheduler:
                 items = self._step(admitted)
             except Exception as exc:    # never let the loop die; fail what it held
                 log.exception("scheduler step failed")
+                self._count_step(failed=True)
                 items = self.loop.fail_all(exc)
             self._deliver(items)
 
@@ -245,13 +241,24 @@ class Scheduler:
             st.queue_s = now - st.started
         with self._model_lock, torch.inference_mode():
             items = self.loop.add(admitted)
-            items += self.loop.step()
+            forward = len(self.loop) > 0          # step() runs a forward for some group
+            stepped = self.loop.step()
+        if forward:
+            self._count_step(any(isinstance(item, BaseException) for _, item in stepped))
+        items += stepped
         with self._cond:
             expired = self._expire_queued(now)
         return items + [(st, st.result(FinishReason.ABORT)) for st in expired]
 
+    def _count_step(self, failed: bool) -> None:
+        """Consecutive and total failed steps (the server's /ready and /metrics read them)."""
+        self.step_failures = self.step_failures + 1 if failed else 0
+        self.step_failures_total += int(failed)
+
     def _deliver(self, items: list[tuple[RequestState, Item]]) -> None:
         for st, item in items:
+            if isinstance(item, BaseException):
+                item = capacity_error(item, self._retry_after())
             if is_final(item):   # free the slot before the client sees the result
                 with self._cond:
                     slot = self._slots.get(st.request_id)
@@ -260,6 +267,20 @@ class Scheduler:
                     if isinstance(item, GenerationResult):
                         self._latency_s = 0.8 * self._latency_s + 0.2 * item.timings.total_s
             _send(st, item)
+
+
+def capacity_error(exc: BaseException, retry_after: float) -> BaseException:
+    """Out of memory is a capacity problem, not a bug: EngineOutOfMemoryError (the server
+    answers 503 with Retry-After); any other exception is returned as it is."""
+    if not isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return exc
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    error = EngineOutOfMemoryError("the engine ran out of memory for the running batch; "
+                                   "retry later or with a shorter request",
+                                   retry_after=retry_after)
+    error.__cause__ = exc
+    return error
 
 
 def _send(st: RequestState, item: Item) -> None:

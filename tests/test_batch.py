@@ -17,7 +17,6 @@ import torch
 
 from celeris import GenerationParams, cli
 from celeris.batch.jobs import read_jobs, resolve_params, stable_seed
-from celeris.batch.runners import RemoteRunner, retry_after_s
 from celeris.batch.store import meta_path
 from tests.test_bench_fixture import one_thread, tiny_model_dir  # noqa: F401
 
@@ -46,7 +45,7 @@ def _jobs(n: int = N_JOBS) -> list[dict]:
                  "temperature": 0.0 if i % 2 else 0.9}
         if i % 2:
             out.append({"custom_id": f"job-{i}", "method": "POST", "url": "/v1/chat/completions",
-                        "body": {"model": "celeris", "messages": [
+                        "body": {"messages": [
                             {"role": "user", "content": f"copy: {i} {i + 1}"}], **knobs}})
         else:
             out.append({"id": f"job-{i}", "prompt": f"Story number {i}:", **knobs})
@@ -118,13 +117,13 @@ def test_one_bad_line_with_skip_invalid_completes_the_rest(tmp_path, model, caps
 
 def test_seeds_come_from_the_id_unless_the_line_gives_one():
     base = GenerationParams(block_length=8, gen_length=16)
-    p1, _ = resolve_params({"temperature": 0.5}, base, "abc")
-    p2, _ = resolve_params({"temperature": 0.5}, base, "abc")
-    p3, _ = resolve_params({"temperature": 0.5}, base, "abd")
-    p4, _ = resolve_params({"seed": 7}, base, "abc")
+    p1 = resolve_params({"temperature": 0.5}, base, "abc")
+    p2 = resolve_params({"temperature": 0.5}, base, "abc")
+    p3 = resolve_params({"temperature": 0.5}, base, "abd")
+    p4 = resolve_params({"seed": 7}, base, "abc")
     assert p1.seed == p2.seed == stable_seed("abc") != p3.seed and p4.seed == 7
-    p5, max_tokens = resolve_params({"max_tokens": 13}, base, "x")
-    assert (p5.gen_length, p5.steps, max_tokens) == (16, None, 13)
+    p5 = resolve_params({"max_tokens": 24}, base, "x")     # the cap, as the server maps it
+    assert (p5.gen_length, p5.steps) == (24, None)
 
 
 def test_both_formats_parse_into_the_same_job_shape(tmp_path):
@@ -214,6 +213,7 @@ class _FlakyServer(BaseHTTPRequestHandler):
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Type", "application/json")
         self.end_headers()
         self.wfile.write(data)
 
@@ -231,9 +231,7 @@ def flaky_url():
     server.shutdown()
 
 
-def test_remote_retries_429_and_5xx_and_fails_fast_on_400(tmp_path, flaky_url, capsys,
-                                                         monkeypatch):
-    monkeypatch.setattr(RemoteRunner, "delay", lambda self, attempt, retry_after: 0.0)
+def test_remote_retries_429_and_5xx_and_fails_fast_on_400(tmp_path, flaky_url, capsys):
     src = _write(tmp_path / "in.jsonl", [{"id": f"r{i}", "prompt": f"p{i}"} for i in range(3)]
                  + [{"id": "x", "prompt": "bad"}])
     out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
@@ -247,14 +245,97 @@ def test_remote_retries_429_and_5xx_and_fails_fast_on_400(tmp_path, flaky_url, c
     assert failed["response"]["status_code"] == 400 and "HTTP 400" in failed["error"]["message"]
 
 
-def test_backoff_has_full_jitter_and_honours_retry_after():
-    runner = RemoteRunner("http://x", None, backoff_s=1.0, max_backoff_s=8.0)
-    delays = [runner.delay(attempt, None) for attempt in range(6) for _ in range(50)]
-    assert all(0.0 <= d <= 8.0 for d in delays) and len(set(delays)) > 100
-    assert max(runner.delay(0, None) for _ in range(50)) <= 1.0
-    assert runner.delay(0, 5.0) >= 5.0
-    assert retry_after_s("2.5") == 2.5 and retry_after_s(None) is None
-    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+class _BusyServer(_FlakyServer):
+    """503 (retryable) while ``busy``; 400 for 'bad' prompts; serves model 'm' only."""
+
+    busy = True
+    auth: list[str] = []
+
+    def do_GET(self):  # noqa: N802
+        self._send(200, {"object": "list", "data": [{"id": "m", "object": "model",
+                                                     "created": 0, "owned_by": "x"}]})
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.auth.append(self.headers.get("Authorization"))
+        if "bad" in body["prompt"]:
+            return self._send(400, {"error": {"message": "nope"}})
+        if self.busy:
+            return self._send(503, {"error": {"message": "busy"}}, {"Retry-After": "0"})
+        self._send(200, {"object": "text_completion", "seed": body["seed"],
+                         "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 3, "completion_tokens": 2,
+                                   "total_tokens": 5}})
+
+
+@pytest.fixture
+def busy_url():
+    _BusyServer.busy = True
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _BusyServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_retryable_failures_are_tried_again_on_resume_and_final_ones_are_not(
+        tmp_path, busy_url, capsys, monkeypatch):
+    monkeypatch.setenv("CELERIS_API_KEY", "env-key")      # not on the command line (ps)
+    _BusyServer.auth = []
+    src = _write(tmp_path / "in.jsonl", [{"id": "a", "prompt": "p1"}, {"id": "b", "prompt": "p2"},
+                                         {"id": "x", "prompt": "bad"}])
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    args = ["batch", str(src), "--output", str(out), "--errors", str(err), "--url", busy_url,
+            "--max-retries", "0"]
+    assert cli.main(args) == 1
+    assert "completed 0, failed 3" in capsys.readouterr().out
+    first = {r["custom_id"]: r["error"] for r in _records(err)}
+    assert first["a"]["retryable"] and first["b"]["retryable"]
+    assert first["x"]["retryable"] is False
+    _BusyServer.busy = False
+    assert cli.main(args) == 1                      # x still failed for good
+    summary = capsys.readouterr().out
+    assert "completed 2, failed 1, already done before this run 1" in summary
+    assert sorted(r["custom_id"] for r in _records(out)) == ["a", "b"]
+    assert cli.main(args) == 1 and "already done before this run 3" in capsys.readouterr().out
+    assert set(_BusyServer.auth) == {"Bearer env-key"}
+
+
+def test_out_of_memory_in_process_retries_smaller_then_records_a_retryable_503():
+    from celeris.batch.jobs import Job
+    from celeris.batch.runners import LocalRunner, output_record
+
+    class OutOfMemoryEngine:
+        batches: list[int] = []
+
+        def default_params(self):
+            return GenerationParams(gen_length=8, block_length=8)
+
+        def info(self):
+            return {"model": "m"}
+
+        def generate_batch(self, prompts, params, ids):
+            self.batches.append(len(prompts))
+            raise MemoryError("no room for the KV cache")
+
+    engine = OutOfMemoryEngine()
+    jobs = [Job(i + 1, f"j{i}", "/v1/completions", "p", {}) for i in range(3)]
+    outcomes = LocalRunner(engine).run(jobs)
+    assert engine.batches == [3, 1, 1, 1]                  # the batch, then one row at a time
+    assert [o.status for o in outcomes] == [503] * 3
+    record = output_record(outcomes[0])
+    assert record["error"]["retryable"] and "out of memory" in record["error"]["message"]
+
+
+def test_body_model_is_checked_like_the_server_does(tmp_path, model, busy_url, capsys):
+    lines = [{"id": "ok", "prompt": "x", "model": "m", "max_tokens": 32},
+             {"custom_id": "gpt", "method": "POST", "url": "/v1/completions",
+              "body": {"prompt": "x", "model": "gpt-4"}}]
+    src = _write(tmp_path / "in.jsonl", lines)
+    for where in (["--model", str(model), "--device", "cpu"], ["--url", busy_url]):
+        assert cli.main(["batch", str(src), "--output", str(tmp_path / "o.jsonl"), *where]) == 2
+        err = capsys.readouterr().err
+        assert "line 2: model 'gpt-4' does not exist; this server serves 'm'" in err, err
+        assert "line 1:" not in err
 
 
 def test_ray_flags_without_ray_installed_say_how_to_install_it(tmp_path, monkeypatch, capsys):

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # layer -> module prefixes; a prefix matches the module itself and its submodules.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "L0": ("celeris.config", "celeris.params", "celeris.outputs"),
+    "L0": ("celeris.config", "celeris.params", "celeris.outputs", "celeris.request_params"),
     "L1": ("celeris.kernels", "celeris.tokenizer"),
     "L2": ("celeris.cache", "celeris.model"),
     "L3": ("celeris.sampler",),
@@ -315,3 +315,35 @@ def test_repository_scan_catches_planted_violation(tmp_path):
     assert "celeris.mystery is not in the layer table" in joined
     assert "app.py:1" in joined
     assert len(problems) == 3, joined
+
+
+def _definitions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {n.name for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))} | \
+        {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+         for t in n.targets if isinstance(t, ast.Name)}
+
+
+def test_benchmark_code_lives_only_in_celeris_bench():
+    outside = [str(p.relative_to(ROOT)) for p in (ROOT / "celeris").rglob("*.py")
+               if "bench" not in p.relative_to(ROOT / "celeris").parts[:1]
+               and any(name.startswith("bench_") for name in _definitions(p))]
+    assert outside == []
+    assert not (ROOT / "celeris" / "server" / "bench.py").exists()
+
+
+def test_one_definition_of_the_shared_helpers():
+    """EOT_NAMES and the device/dtype resolution are defined once (tokenizer, model.weights)."""
+    owners = {"EOT_NAMES": [], "resolve_device": [], "_device": []}
+    for path in (ROOT / "celeris").rglob("*.py"):
+        for name in _definitions(path) & set(owners):
+            owners[name].append(str(path.relative_to(ROOT)))
+    assert owners == {"EOT_NAMES": ["celeris/tokenizer.py"],
+                      "resolve_device": ["celeris/model/weights.py"], "_device": []}
+
+
+def test_no_scaffolding_left_in_the_entry_points():
+    for name in ("celeris/cli.py", "launch.sh", "launch.bat"):
+        text = (ROOT / name).read_text(encoding="utf-8")
+        assert "not available yet" not in text and "is not there yet" not in text, name

@@ -168,7 +168,8 @@ def test_reserve_refuses_beyond_running_plus_queue_before_tokenising(make_engine
         while engine.stats()["running"] + engine.stats()["queued"] < 2:
             time.sleep(0.005)
         assert engine.stats() | {"draining": False} == {
-            "running": 1, "queued": 1, "max_running": 1, "max_queue": 1, "draining": False}
+            "running": 1, "queued": 1, "max_running": 1, "max_queue": 1, "draining": False,
+            "step_failures": 0, "step_failures_total": 0}
         start = time.perf_counter()
         with pytest.raises(EngineBusyError) as busy:
             engine.generate("refused", p)

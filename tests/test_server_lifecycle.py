@@ -17,7 +17,8 @@ import pytest
 from starlette.responses import PlainTextResponse
 
 import celeris
-from celeris.server import bench_serve, create_app
+from celeris.bench.load import bench_serve
+from celeris.server import create_app
 from tests.live_server import live_server, slow_down, wait_until_ready
 from tests.tiny_model import make_tiny_model_dir
 
@@ -61,6 +62,7 @@ def test_sigterm_drains_running_requests_refuses_new_ones_and_exits_0(model_dir)
     url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {key}"}
     try:
         wait_until_ready(url, 90)
+        assert httpx.get(f"{url}/v1/models?api_key={key}").status_code == 401
         body = {"prompt": "drain me", "max_tokens": 512, "block_length": 32, "steps": 256,
                 "suppress_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=auth,
@@ -84,6 +86,69 @@ def test_sigterm_drains_running_requests_refuses_new_ones_and_exits_0(model_dir)
     assert key not in output
 
 
+def _serve(model_dir, port, *flags, key=None):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if key:
+        env["CELERIS_API_KEY"] = key
+    return subprocess.Popen([sys.executable, "-m", "celeris", "serve", "--model", str(model_dir),
+                             "--port", str(port), "--device", "cpu", *flags], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _start_long_stream(url):
+    """A streamed request that runs for many seconds (one token a step over 900 tokens)."""
+    body = {"prompt": "long", "max_tokens": 896, "block_length": 32, "steps": 896,
+            "suppress_eos": True, "stream": True}
+    stream = httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60)
+    response = stream.__enter__()
+    lines = response.iter_lines()
+    assert next(lines).startswith("data: ")
+    return stream, lines
+
+
+def test_a_second_sigterm_exits_at_once_non_zero_without_tracebacks(model_dir):
+    port = free_port()
+    proc = _serve(model_dir, port, "--drain-timeout", "60")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, 90)
+        stream, _ = _start_long_stream(url)
+        proc.send_signal(signal.SIGTERM)
+        assert wait_for(lambda: httpx.get(f"{url}/ready").status_code == 503)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)                     # not the 60 s drain
+        stream.__exit__(None, None, None)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.communicate()[0]
+    assert code == 128 + signal.SIGTERM, output
+    assert "Traceback" not in output and "Abort" not in output, output
+
+
+def test_drain_timeout_aborts_what_is_still_running_and_exits_0(model_dir):
+    port = free_port()
+    proc = _serve(model_dir, port, "--drain-timeout", "0.5")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_ready(url, 90)
+        stream, lines = _start_long_stream(url)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rest = [line for line in lines if line.startswith("data: ")]
+        stream.__exit__(None, None, None)
+        code = proc.wait(timeout=20)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.communicate()[0]
+    assert code == 0, output
+    assert took < 10                                     # 0.5 s drain, not the whole answer
+    assert json.loads(rest[-2][6:])["error"]["code"] == "draining"
+    assert "drain timeout" in output
+
+
 def test_client_disconnect_aborts_streaming_and_plain_requests(engine):
     slow_down(engine, 0.02)
     with live_server(create_app(engine)) as url:
@@ -95,6 +160,9 @@ def test_client_disconnect_aborts_streaming_and_plain_requests(engine):
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(f"{url}/v1/completions", json={**body, "stream": False}, timeout=0.5)
         assert wait_for(lambda: engine.stats()["running"] == 0, 2.0)
+        metrics = httpx.get(f"{url}/metrics").text
+    assert 'celeris_client_disconnects_total{stage="streaming"} 1.0' in metrics
+    assert 'celeris_client_disconnects_total{stage="waiting"} 1.0' in metrics
 
 
 def test_requests_past_the_deadline_fail_with_504(model_dir):
@@ -121,7 +189,7 @@ def test_routes_work_beside_an_app_mounted_at_root(engine):
         assert httpx.get(f"{url}/").text == "the playground"
         assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == engine.model_dir.name
         assert httpx.post(f"{url}/v1/completions", json={"prompt": "x"}).status_code == 200
-        assert httpx.get(f"{url}/", headers={"Host": "evil.example"}).status_code == 403
+        assert httpx.get(f"{url}/", headers={"Host": "evil.example"}).status_code == 400
 
 
 def test_bench_serve_reports_each_concurrency_against_sequential(engine):

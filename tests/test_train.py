@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +17,10 @@ from celeris.train import corpus, tasks
 from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher
 from celeris.train.objective import diffusion_loss, mask_batch
-from celeris.train.trainer import TRAIN_PRESETS, build_model, load_init_weights, round_vocab
+from celeris.train.trainer import (TRAIN_PRESETS, build_model, load_init_weights, make_schedule,
+                                   round_vocab)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- tasks
@@ -103,7 +107,7 @@ def test_tokenizer_special_ids_chat_template_and_round_trip(tok_dir):
     assert hf.convert_tokens_to_ids("<|eot|>") == 7
     msgs = [{"role": "user", "content": "sort: 3 1 2"}]
     rendered = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-    assert rendered == "<|user|>\nsort: 3 1 2<|eot|><|assistant|>\n" == tt.render_chat(msgs)
+    assert rendered == "<|user|>\nsort: 3 1 2<|eot|><|assistant|>\n"
     assert hf.apply_chat_template(msgs, add_generation_prompt=False, tokenize=False) == \
         "<|user|>\nsort: 3 1 2<|eot|>"
     for text in ("reverse: 41 7 93 2", "2 93 7 41", "add: 417 + 93", "Once upon a time, a cat.",
@@ -124,6 +128,41 @@ def test_tokenizer_special_ids_chat_template_and_round_trip(tok_dir):
 
 
 # --------------------------------------------------------------------------- objective
+def test_training_chats_render_through_the_shipped_template_unchanged():
+    """Batcher prompts come from apply_chat_template and equal what the hand-written copy of
+    the template rendered (role line, content, <|eot|>; then the opened assistant turn)."""
+    shipped = ROOT / "models" / "celeris-tiny"
+    batcher = Batcher(tt.load_raw(shipped), corpus.Stream(seed=0))
+    hf = tt.load_hf(shipped)
+    chats = [[{"role": "user", "content": "sort: 3 1 2"}],
+             [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"},
+              {"role": "assistant", "content": "ok"}, {"role": "user", "content": "add: 4 + 5"}]]
+    for chat in chats:
+        by_hand = "".join(f"<|{m['role']}|>\n{m['content']}<|eot|>" for m in chat)
+        rendered = batcher.render_chat(chat)
+        assert rendered == by_hand + "<|assistant|>\n"
+        assert rendered == hf.apply_chat_template(chat, add_generation_prompt=True,
+                                                  tokenize=False)
+    prompt, answer = batcher.chat_example("task", 64)
+    assert prompt[:1] == [tt.SPECIAL_IDS["user"]] and answer[-1] == tt.SPECIAL_IDS["eot"]
+
+
+def test_learning_rate_warms_up_then_follows_a_cosine_to_the_floor():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = make_schedule(opt, warmup=10, total=110, min_ratio=0.1)
+    lrs = []
+    for _ in range(111):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs[5] == pytest.approx(0.5) and lrs[10] == pytest.approx(1.0)
+    assert lrs[60] == pytest.approx(0.55)               # halfway: (1 + 0.1) / 2
+    assert lrs[110] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    later = make_schedule(opt, warmup=10, total=110, min_ratio=0.1, last_step=59)
+    assert later.get_last_lr()[0] == pytest.approx(0.55)   # a budget known mid-run
+
+
 def test_masking_touches_only_maskable_positions(tok_dir):
     raw = tt.load_raw(tok_dir)
     batcher = Batcher(raw, corpus.Stream(seed=0), tokens_per_batch=512)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -147,8 +148,11 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     if ray:
         import_ray()            # a missing Ray is reported before the model is loaded
     if args.url:
-        runner = RemoteRunner(args.url, args.api_key,
-                              max_retries=getattr(args, "max_retries", None) or 6)
+        if args.model:
+            raise ValueError("give either --model (in-process) or --url (remote), not both")
+        api_key = args.api_key or os.environ.get("CELERIS_API_KEY") or None
+        retries = getattr(args, "max_retries", None)
+        runner = RemoteRunner(args.url, api_key, max_retries=6 if retries is None else retries)
         return runner, GenerationParams(), {"url": args.url}
     device = "cpu" if ray else getattr(args, "device", "auto")   # Ray: the driver only checks
     engine = Engine.from_pretrained(args.model, device=device,
@@ -162,8 +166,7 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
 
 def _validate(input_path: Path, runner: Any, base: Any, skip_invalid: bool
               ) -> tuple[list[Job], list[Invalid], int]:
-    check = getattr(runner, "check", None)
-    jobs, invalid, total = read_jobs(input_path, base, check)
+    jobs, invalid, total = read_jobs(input_path, base, runner.check)
     if invalid and not skip_invalid:
         listed = "\n  ".join(str(i) for i in invalid[:50])
         more = f"\n  ... and {len(invalid) - 50} more" if len(invalid) > 50 else ""
@@ -206,7 +209,7 @@ def run_job(args: argparse.Namespace) -> Summary:
         finally:
             bar.close()
             summary.seconds = time.perf_counter() - start
-            summary.completed, summary.failed = len(store.done_ok), len(store.done_failed)
+            summary.completed, summary.failed = len(store.done_ok), store.num_failed
             log.info("summary: %s", summary.line())
             for handler in list(log.handlers):
                 log.removeHandler(handler)

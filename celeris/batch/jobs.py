@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from celeris.params import GenerationParams
+from celeris.request_params import request_params
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
-OPENAI_RENAMES = {"max_completion_tokens": "max_tokens"}
-OPENAI_PASSTHROUGH = ("temperature", "top_p", "seed", "stop", "max_tokens")
+OPENAI_PASSTHROUGH = ("temperature", "top_p", "seed", "stop", "max_tokens",
+                      "max_completion_tokens")
 IGNORED = ("model", "user", "metadata", "store")
 # OpenAI fields accepted only at their no-op value.
 NOOP_DEFAULTS = {"n": 1, "stream": False, "frequency_penalty": 0, "presence_penalty": 0,
@@ -36,6 +37,7 @@ class Job:
     prompt: Any                      # str (completions) or a list of messages (chat)
     overrides: dict[str, Any]        # GenerationParams fields + max_tokens, as written
     body: dict[str, Any] = field(default_factory=dict)   # what a remote server receives
+    model: str | None = None         # the model the line asks for (None: the served one)
 
     @property
     def is_chat(self) -> bool:
@@ -104,7 +106,9 @@ def _simple_line(obj: dict[str, Any]) -> tuple[str, str, Any, dict[str, Any], di
     url = CHAT if has[0] == "messages" else COMPLETIONS
     rest = {k: v for k, v in obj.items() if k not in ("id", has[0])}
     knobs = _knobs(rest, "")
-    body = {"model": "celeris", has[0]: obj[has[0]], **knobs}
+    body = {has[0]: obj[has[0]], **knobs}
+    if "model" in obj:
+        body["model"] = obj["model"]
     return cid, url, obj[has[0]], knobs, body
 
 
@@ -113,7 +117,6 @@ def _knobs(fields: dict[str, Any], where: str) -> dict[str, Any]:
     out, unknown = {}, []
     allowed = set(GenerationParams.field_names()) | set(OPENAI_PASSTHROUGH)
     for name, value in fields.items():
-        name = OPENAI_RENAMES.get(name, name)
         if name in IGNORED:
             continue
         if name in NOOP_DEFAULTS:
@@ -141,25 +144,17 @@ def _check_prompt(job: Job) -> None:
 
 # ---------------------------------------------------------------------- params
 def resolve_params(overrides: dict[str, Any], base: GenerationParams, custom_id: str
-                   ) -> tuple[GenerationParams, int | None]:
-    """GenerationParams for a line, and its max_tokens (answers are cut there).
+                   ) -> GenerationParams:
+    """GenerationParams for a line through the mapping the server uses (max_tokens is the
+    cap, never rounded); the seed comes from the id unless the line gives one."""
+    return request_params({"seed": stable_seed(custom_id), **overrides}, base)
 
-    max_tokens rounds gen_length up to whole blocks; a line that changes gen_length without
-    giving steps gets steps=None (one per position), since the default steps may no longer
-    divide the new length. The seed comes from the id unless the line gives one.
-    """
-    knobs = dict(overrides)
-    max_tokens = knobs.pop("max_tokens", None)
-    if max_tokens is not None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
-        block = knobs.get("block_length", base.block_length)
-        if isinstance(block, int) and block > 0:
-            knobs.setdefault("gen_length", -(-max_tokens // block) * block)
-    if "gen_length" in knobs and "steps" not in knobs:
-        knobs["steps"] = None
-    knobs.setdefault("seed", stable_seed(custom_id))
-    return GenerationParams.from_dict(knobs, base=base), max_tokens
+
+def model_of(obj: dict[str, Any], where: str) -> str | None:
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"{where}model must be a string, got {model!r}")
+    return model
 
 
 # ---------------------------------------------------------------------- the file
@@ -200,9 +195,10 @@ def _parse_line(number: int, text: str, base: GenerationParams, first_line: dict
     try:
         openai = any(k in obj for k in ("custom_id", "url", "body", "method"))
         cid, url, prompt, knobs, body = (_openai_line if openai else _simple_line)(obj)
-        job = Job(number, cid, url, prompt, knobs, body)
+        job = Job(number, cid, url, prompt, knobs, body,
+                  model_of(body, "body." if openai else ""))
         _check_prompt(job)
-        params, _ = resolve_params(knobs, base, cid)
+        params = resolve_params(knobs, base, cid)
         if check is not None:
             check(job, params)
     except ValueError as exc:

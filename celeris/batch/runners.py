@@ -1,26 +1,25 @@
 """Who answers the jobs: the in-process Engine, or a remote OpenAI-compatible server.
 
-Both hand back ``Outcome``s in the OpenAI batch output shape. The remote runner retries 429,
-5xx, timeouts and dropped connections with exponential backoff and full jitter, and waits at
-least what a Retry-After header asks for.
+Both hand back ``Outcome``s in the OpenAI batch output shape. The remote runner is the
+``openai`` client, whose own retries cover 408/409/429/5xx, timeouts and dropped connections
+(exponential backoff with jitter, Retry-After honoured). A failure that may pass with time
+(429, 503, 504, a timeout, no answer, out of memory) is recorded as retryable: a rerun of the
+job tries that line again instead of counting it as done.
 """
 
 from __future__ import annotations
 
-import email.utils
 import hashlib
-import json
-import random
-import socket
+import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from celeris.params import GenerationParams
 
 from .jobs import Job, resolve_params
+
+RETRYABLE_STATUS = frozenset({0, 408, 429, 503, 504})
 
 
 @dataclass
@@ -34,6 +33,10 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status == 200 and self.error is None
+
+    @property
+    def retryable(self) -> bool:
+        return not self.ok and self.status in RETRYABLE_STATUS
 
     @property
     def completion_tokens(self) -> int:
@@ -51,7 +54,8 @@ def output_record(outcome: Outcome) -> dict[str, Any]:
         "status_code": outcome.status, "request_id": f"req_{_short_hash(job.custom_id)}",
         "body": outcome.body}
     error = None if outcome.ok else {"code": "request_failed" if outcome.status else
-                                     "no_response", "message": outcome.error}
+                                     "no_response", "message": outcome.error,
+                                     "retryable": outcome.retryable}
     return {"id": f"batch_req_{_short_hash(job.custom_id)}", "custom_id": job.custom_id,
             "response": response, "error": error}
 
@@ -66,39 +70,50 @@ class LocalRunner:
         self.model_name = engine.info()["model"]
 
     def check(self, job: Job, params: GenerationParams) -> None:
-        """Validation hook: tokenise and check the context exactly as generation will."""
+        """Validation hook: the model name as the server checks it, then tokenise and check
+        the context exactly as generation will."""
+        check_model(job, [self.model_name])
         self.engine.prepare(job.prompt, params)
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
-        resolved = [resolve_params(j.overrides, self.base, j.custom_id) for j in jobs]
+        """One batch; when it fails, each job alone (a smaller batch), to find the one
+        that fails or to fit in memory."""
+        params = [resolve_params(j.overrides, self.base, j.custom_id) for j in jobs]
         try:
             results = self.engine.generate_batch(
-                [j.prompt for j in jobs], [p for p, _ in resolved],
+                [j.prompt for j in jobs], params,
                 [f"req_{_short_hash(j.custom_id)}" for j in jobs])
         except Exception:
             if len(jobs) == 1:
                 raise
-            return [o for j in jobs for o in self._one(j)]     # find the one that fails
-        return [self._outcome(j, r, m) for j, (_, m), r in zip(jobs, resolved, results)]
+            return [o for j in jobs for o in self._one(j)]
+        return [self._outcome(j, r) for j, r in zip(jobs, results)]
 
     def _one(self, job: Job) -> list[Outcome]:
         try:
             return self.run([job])
+        except MemoryError as exc:
+            return [Outcome(job, 503, None, f"out of memory: {exc}")]
         except Exception as exc:
-            return [Outcome(job, 500, None, f"{type(exc).__name__}: {exc}")]
+            status = 503 if type(exc).__name__ == "OutOfMemoryError" else 500
+            return [Outcome(job, status, None, f"{type(exc).__name__}: {exc}")]
 
-    def _outcome(self, job: Job, result: Any, max_tokens: int | None) -> Outcome:
-        ids, text, finish = list(result.token_ids), result.text, str(result.finish_reason)
-        if max_tokens is not None and len(ids) > max_tokens:
-            ids = ids[:max_tokens]
-            text, finish = self.engine.tokenizer.decode(ids), "length"
+    def _outcome(self, job: Job, result: Any) -> Outcome:
+        text, finish = result.text, str(result.finish_reason)
         if finish == "abort":
-            return Outcome(job, 500, None, "the request was aborted")
-        return Outcome(job, 200, completion_body(job, text, finish, len(ids),
+            return Outcome(job, 504, None, "the request was aborted (timeout)")
+        return Outcome(job, 200, completion_body(job, text, finish, len(result.token_ids),
                                                  result.usage.prompt_tokens, self.model_name,
                                                  {"seed": result.seed, "nfe": result.nfe,
                                                   "steps": result.steps,
                                                   "elapsed_s": round(result.timings.total_s, 4)}))
+
+
+def check_model(job: Job, served: Sequence[str]) -> None:
+    """The line's model must be one the server serves (or absent), as the server demands."""
+    if job.model is not None and job.model not in served:
+        raise ValueError(f"model {job.model!r} does not exist; this server serves "
+                         f"{', '.join(map(repr, served))}")
 
 
 def completion_body(job: Job, text: str, finish: str, completion: int, prompt: int,
@@ -118,78 +133,59 @@ def completion_body(job: Job, text: str, finish: str, completion: int, prompt: i
 
 
 # ---------------------------------------------------------------------- remote
-RETRY_STATUS = (408, 409, 429)
-
-
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """Seconds from a Retry-After header (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
-
-
 class RemoteRunner:
+    """Jobs sent one request each to a server's /v1 routes through the ``openai`` client."""
+
     def __init__(self, url: str, api_key: str | None, max_retries: int = 6,
-                 timeout_s: float = 600.0, backoff_s: float = 0.5, max_backoff_s: float = 60.0,
-                 sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None) -> None:
-        self.base = url.rstrip("/")
-        if self.base.endswith("/v1"):
-            self.base = self.base[:-3]
-        self.api_key, self.max_retries, self.timeout_s = api_key, max_retries, timeout_s
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-        self.sleep, self.rng = sleep, rng or random.Random()
+                 timeout_s: float = 600.0) -> None:
+        import openai
+
+        base = url.rstrip("/")
+        base = base if base.endswith("/v1") else base + "/v1"
+        self._sent = threading.local()     # requests sent for the job of this thread
+        http = openai.DefaultHttpxClient(event_hooks={"request": [self._count]})
+        self.client = openai.OpenAI(base_url=base, api_key=api_key or "none",
+                                    max_retries=max_retries, timeout=timeout_s,
+                                    http_client=http)
+        self._served: list[str] | None = None
+
+    def _count(self, request: Any) -> None:
+        self._sent.n = getattr(self._sent, "n", 0) + 1
+
+    def check(self, job: Job, params: GenerationParams) -> None:
+        """Validation hook: the line's model against the server's /v1/models."""
+        if job.model is None:
+            return
+        if self._served is None:
+            self._served = [m.id for m in self.client.models.list().data]
+        check_model(job, self._served)
 
     def body(self, job: Job) -> dict[str, Any]:
         """The line's body as written, plus the id-derived seed when it has none."""
         body = dict(job.body)
         body.setdefault("seed", resolve_params(job.overrides, GenerationParams(),
-                                               job.custom_id)[0].seed)
+                                               job.custom_id).seed)
         return body
 
-    def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Full jitter (uniform in [0, base x 2^attempt]), at least Retry-After."""
-        cap = min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
-        jittered = self.rng.uniform(0, cap)
-        return max(jittered, retry_after) if retry_after is not None else jittered
-
     def run_one(self, job: Job) -> Outcome:
-        data = json.dumps(self.body(job)).encode("utf-8")
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        attempt = 0
-        while True:
-            status, body, error, retry_after = self._post(job.endpoint, data, headers)
-            retryable = status == 0 or status in RETRY_STATUS or status >= 500
-            if status == 200 or not retryable or attempt >= self.max_retries:
-                return Outcome(job, status, body, error, attempt)
-            self.sleep(self.delay(attempt, retry_after))
-            attempt += 1
+        import openai
 
-    def _post(self, endpoint: str, data: bytes, headers: dict[str, str]
-              ) -> tuple[int, dict | None, str | None, float | None]:
-        req = urllib.request.Request(self.base + endpoint, data, headers, method="POST")
+        self._sent.n = 0
+        path = job.endpoint.removeprefix("/v1")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, json.loads(resp.read() or b"{}"), None, None
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                body = json.loads(raw) if raw else None
-            except json.JSONDecodeError:
-                body = {"raw": raw.decode("utf-8", "replace")[:2000]}
-            return (exc.code, body, f"HTTP {exc.code}: {exc.reason}",
-                    retry_after_s(exc.headers.get("Retry-After")))
-        except (urllib.error.URLError, socket.timeout, ConnectionError, TimeoutError) as exc:
-            return 0, None, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}", None
-        except json.JSONDecodeError as exc:
-            return 502, None, f"the server answered with invalid JSON: {exc}", None
+            body = self.client.post(path, cast_to=object, body=self.body(job))
+        except openai.APIStatusError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {"raw": str(exc.body)[:2000]}
+            return Outcome(job, exc.status_code, body, f"HTTP {exc.status_code}: {exc.message}",
+                           self._retries())
+        except openai.APITimeoutError as exc:
+            return Outcome(job, 0, None, f"timeout: {exc}", self._retries())
+        except openai.APIConnectionError as exc:
+            return Outcome(job, 0, None, f"no response: {exc}", self._retries())
+        if not isinstance(body, dict):
+            return Outcome(job, 502, None, "the server answered 200 without a JSON object",
+                           self._retries())
+        return Outcome(job, 200, body, None, self._retries())
+
+    def _retries(self) -> int:
+        return max(0, getattr(self._sent, "n", 1) - 1)

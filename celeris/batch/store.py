@@ -1,7 +1,8 @@
 """The output and error files of a batch job: append-only JSONL, one fsync per line, resumable.
 
 A run that dies (even by SIGKILL) leaves at most one torn line at the end of a file; the next
-run cuts it, skips every id already written, and carries on. A sidecar ``OUT.meta.json`` holds
+run cuts it, skips every id already written, and carries on. A failure marked retryable (the
+server was busy, out of memory, timed out) does not count as done: the next run tries again. A sidecar ``OUT.meta.json`` holds
 the input's sha256, so a changed input is refused instead of being silently mixed in.
 """
 
@@ -49,6 +50,10 @@ def record_key(record: dict[str, Any]) -> str:
     return cid if cid is not None else f"@line{record.get('line')}"
 
 
+def is_retryable(record: dict[str, Any]) -> bool:
+    return bool((record.get("error") or {}).get("retryable"))
+
+
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -70,7 +75,8 @@ class ResultStore:
             for p in (self.output, self.errors):
                 p.unlink(missing_ok=True)
         self.done_ok = {record_key(r) for r in repair(self.output)}
-        self.done_failed = {record_key(r) for r in repair(self.errors)}
+        self.done_failed = {record_key(r) for r in repair(self.errors) if not is_retryable(r)}
+        self.retry_later: set[str] = set()   # failed retryably in this run
         _atomic_write(meta_path(self.output), json.dumps(
             {"version": META_VERSION, "input_sha256": input_sha256,
              "errors": str(self.errors), "updated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -99,6 +105,11 @@ class ResultStore:
     def is_done(self, key: str) -> bool:
         return key in self.done_ok or key in self.done_failed
 
+    @property
+    def num_failed(self) -> int:
+        """Lines that failed for good, plus those that failed retryably in this run."""
+        return len(self.done_failed) + len(self.retry_later - self.done_ok)
+
     def write(self, kind: str, record: dict[str, Any]) -> None:
         """Append one record as one line and make it durable before returning."""
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
@@ -107,7 +118,9 @@ class ResultStore:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
-            (self.done_ok if kind == "ok" else self.done_failed).add(record_key(record))
+            done = self.done_ok if kind == "ok" else \
+                self.retry_later if is_retryable(record) else self.done_failed
+            done.add(record_key(record))
 
     def close(self) -> None:
         for f in self._files.values():

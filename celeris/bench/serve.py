@@ -1,7 +1,6 @@
 """serve: time to first block, end-to-end latency, tokens/s and successes at rising concurrency.
 
-The measuring is the server package's ``bench_serve``: against ``--url`` it drives a running
-server through streamed /v1/completions; without it, the in-process Engine's background
+The measuring is ``load.bench_serve``: against ``--url`` it drives a running server through streamed /v1/completions; without it, the in-process Engine's background
 scheduler (the server's batching path, minus HTTP). This suite picks the decoding
 configuration, runs it, and files the rows with the others.
 """
@@ -10,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import BenchContext, SuiteSkipped, section
+from .common import BenchContext, section
 from .decode import DEFAULT_BEST, fast_changes
+from .load import bench_serve
 
 SERVE_COLUMNS = (("concurrency", "conc", "d"), ("requests", "requests", "d"),
                  ("succeeded", "ok", "d"), ("tokens_per_s", "tok/s", ".2f"),
@@ -23,16 +23,7 @@ KNOB_FIELDS = ("block_length", "decoding", "threshold", "factor", "cache", "step
                "temperature")
 
 
-def _bench_serve() -> Any:
-    try:
-        from celeris.server import bench_serve
-    except ImportError as exc:
-        raise SuiteSkipped(f"celeris.server.bench_serve is not available ({exc})") from None
-    return bench_serve
-
-
 def run_serve(ctx: BenchContext) -> dict[str, Any]:
-    bench_serve = _bench_serve()
     best = ctx.results.get("decode", {}).get("best", DEFAULT_BEST)
     params = ctx.base_params(remote=bool(ctx.url), **fast_changes(best))
     knobs = {k: v for k, v in params.to_dict().items() if k in KNOB_FIELDS}

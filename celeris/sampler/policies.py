@@ -36,7 +36,6 @@ class StatConfidence:
     p_x0 = low_confidence (LLaDA; Dream's maskgit_plus), margin = top1 - top2 probability
     (Dream's topk_margin), negentropy (Dream's entropy)."""
     stat: str
-    needs_noise: bool = False
 
     def __call__(self, stats, uniform: torch.Tensor | None) -> torch.Tensor:
         return getattr(stats, self.stat)
@@ -45,7 +44,6 @@ class StatConfidence:
 @dataclass(frozen=True)
 class RandomOrder:
     """random remasking: a uniform draw per position (LLaDA; Dream's origin)."""
-    needs_noise: bool = True
 
     def __call__(self, stats, uniform: torch.Tensor | None) -> torch.Tensor:
         return uniform

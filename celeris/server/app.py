@@ -8,17 +8,19 @@ before that mount, which catches every path).
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 from fastapi import FastAPI
 
 from . import errors
-from .auth import LoopbackHostGuard, is_loopback
+from .auth import add_loopback_host_check, is_loopback
 from .metrics import StatusCounter
 from .routes import register_routes
 from .state import EngineSource, ServerState
 
 log = logging.getLogger("celeris.server")
+MAX_HEADERS = 64              # header lines per request
+MAX_HEADER_BYTES = 16 * 1024  # their names and values together
 
 
 def create_app(engine: EngineSource, *, api_key: str | None = None, host: str = "127.0.0.1",
@@ -48,10 +50,11 @@ def add_routes(app: FastAPI, engine: EngineSource, *, api_key: str | None = None
     errors.install(app)
     paths = frozenset(r.path for r in app.routes[before:] if "{" not in r.path)
     app.add_middleware(StatusCounter, metrics=state.metrics, paths=paths)
+    app.add_middleware(HeaderLimit, max_headers=MAX_HEADERS, max_bytes=MAX_HEADER_BYTES)
     _add_cors(app, cors_origins)
     loopback = is_loopback(host)
     if loopback:
-        app.add_middleware(LoopbackHostGuard)   # outermost: checked before anything else
+        add_loopback_host_check(app)   # outermost: checked before anything else
     elif not api_key:
         log.warning("serving on %s, which is reachable from other machines, without an API "
                     "key: anyone who can connect can use the model (set --api-key or "
@@ -72,3 +75,23 @@ def _add_cors(app: FastAPI, origins: Sequence[str]) -> None:
     app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials=False,
                        allow_methods=["GET", "POST"],
                        allow_headers=["Authorization", "Content-Type"])
+
+
+class HeaderLimit:
+    """ASGI middleware: 431 for an HTTP request with more than ``max_headers`` headers or more
+    than ``max_bytes`` of them (uvicorn caps only a request head that arrives in pieces)."""
+
+    def __init__(self, app: Any, max_headers: int, max_bytes: int) -> None:
+        self.app, self.max_headers, self.max_bytes = app, max_headers, max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        headers = scope.get("headers") or ()
+        size = sum(len(k) + len(v) for k, v in headers)
+        if scope["type"] != "http" or (len(headers) <= self.max_headers and
+                                       size <= self.max_bytes):
+            return await self.app(scope, receive, send)
+        error = errors.APIError(431, f"the request headers are too large ({len(headers)} "
+                                f"headers, {size} bytes; the limits are {self.max_headers} "
+                                f"and {self.max_bytes} bytes)", None, "headers_too_large",
+                                type="invalid_request_error")
+        await error.response()(scope, receive, send)

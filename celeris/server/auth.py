@@ -3,8 +3,8 @@
 The key is compared in constant time (``hmac.compare_digest`` on SHA-256 digests, so not even
 its length leaks) and is never logged or exported. A server bound to a loopback address is
 only reachable from this machine, but a web page could still reach it through a DNS name that
-resolves to 127.0.0.1 (DNS rebinding); the browser then sends that name as Host, so such
-requests are refused.
+resolves to 127.0.0.1 (DNS rebinding); the browser then sends that name as Host, so Starlette's
+``TrustedHostMiddleware`` refuses every Host but the loopback names (400).
 """
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-import json
 from typing import Any, Callable
 
-from fastapi import Request
+from fastapi import FastAPI, Request
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from .errors import APIError
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+# Host headers a loopback server answers (Starlette keeps the brackets of IPv6 literals).
+LOOPBACK_HOSTS = ("localhost", "*.localhost", "localhost.localdomain", "ip6-localhost",
+                  "127.0.0.1", "[::1]")
 
 
 def is_loopback(host: str) -> bool:
@@ -31,14 +34,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
-
-
-def host_name(header: str) -> str:
-    """The host part of a Host header: "127.0.0.1:8000" -> "127.0.0.1", "[::1]:80" -> "::1"."""
-    header = header.strip()
-    if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def _digest(value: str) -> bytes:
@@ -62,29 +57,8 @@ def api_key_dependency(api_key: str | None) -> Callable[[Request], Any]:
     return require_api_key
 
 
-class LoopbackHostGuard:
-    """ASGI middleware: refuse HTTP and websocket requests whose Host is not a loopback name.
-
-    Installed only for loopback binds; it covers every route of the app, including a UI
-    mounted on it.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        host = headers.get(b"host", b"").decode("latin-1")
-        if host and is_loopback(host_name(host)):
-            return await self.app(scope, receive, send)
-        if scope["type"] == "websocket":
-            return await send({"type": "websocket.close", "code": 1008})
-        error = APIError(403, "this server only accepts requests addressed to a loopback "
-                         "host (localhost, 127.0.0.1, [::1])", None, "invalid_host")
-        body = json.dumps(error.body()).encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+def add_loopback_host_check(app: FastAPI) -> None:
+    """Refuse HTTP and websocket requests whose Host is not a loopback name (every route of
+    the app, a UI mounted on it included). Add it last: it must run first."""
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_HOSTS),
+                       www_redirect=False)

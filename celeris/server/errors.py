@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from .. import ContextLengthError, EngineBusyError, EngineClosedError
+from .. import ContextLengthError, EngineBusyError, EngineClosedError, EngineOutOfMemoryError
 from ..params import GenerationParams
 
 log = logging.getLogger("celeris.server")
@@ -26,8 +26,9 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
          504: "server_error"}
 
 
-REQUEST_FIELDS = frozenset(GenerationParams.field_names()) | {"prompt", "messages",
-                                                               "max_tokens", "model"}
+REQUEST_FIELDS = frozenset(GenerationParams.field_names()) | {
+    "prompt", "messages", "max_tokens", "max_completion_tokens", "model", "stream",
+    "stream_options"}
 
 
 class APIError(Exception):
@@ -63,6 +64,9 @@ def from_exception(exc: BaseException, param: str | None = None) -> APIError:
         seconds = max(1, math.ceil(exc.retry_after))
         return APIError(429, str(exc), None, "engine_overloaded",
                         {"Retry-After": str(seconds)})
+    if isinstance(exc, EngineOutOfMemoryError):
+        log.warning("out of memory: %s", exc.__cause__ or exc)
+        return unavailable(str(exc), "out_of_memory", max(1, math.ceil(exc.retry_after)))
     if isinstance(exc, EngineClosedError):
         return unavailable(str(exc), "draining")
     if isinstance(exc, ContextLengthError):

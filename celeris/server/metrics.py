@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..outputs import GenerationResult
@@ -35,9 +35,14 @@ class _Live:
                 ("celeris_running_requests", "running", "requests in the running batch"),
                 ("celeris_max_running", "max_running", "running batch capacity"),
                 ("celeris_max_queue", "max_queue", "queue capacity"),
-                ("celeris_ready", "ready", "1 when the model is loaded and warmed up")):
+                ("celeris_ready", "ready", "1 when /ready answers 200"),
+                ("celeris_consecutive_step_failures", "step_failures",
+                 "denoising steps that failed in a row (0 after a good step)")):
             if key in s:
                 yield GaugeMetricFamily(name, text, value=float(s[key]))
+        if "step_failures_total" in s:
+            yield CounterMetricFamily("celeris_step_failures", "denoising steps that failed",
+                                      value=float(s["step_failures_total"]))
         if "memory_bytes" in s:
             g = GaugeMetricFamily("celeris_memory_bytes", "GPU memory allocated (kind=gpu) or "
                                   "process RSS (kind=rss)", labels=["kind"])
@@ -54,6 +59,10 @@ class ServerMetrics:
         self.generated_tokens = Counter("celeris_generated_tokens",
                                         "generated tokens before the first EOS", registry=r)
         self.nfe = Counter("celeris_nfe", "model forward evaluations", registry=r)
+        self.disconnects = Counter("celeris_client_disconnects",
+                                   "clients that went away before their answer was complete, "
+                                   "by stage (waiting for the first step, or streaming)",
+                                   ["stage"], registry=r)
         self.finished = Counter("celeris_finished_requests", "generations by finish reason",
                                 ["finish_reason"], registry=r)
         self.tokens_per_s = Histogram("celeris_request_tokens_per_second",

@@ -7,17 +7,18 @@ set): protection is the default, publicness is the listed exception.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from typing import Any, Awaitable, Callable, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
 from ..outputs import FinishReason, GenerationResult
 from .auth import api_key_dependency
-from .errors import APIError, from_exception, invalid
-from .protocol import ChatCompletionRequest, CompletionRequest, Shapes, parse, to_params
+from .bodies import generation_params, read_request
+from .errors import APIError, from_exception
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .shaping import Shapes
 from .state import ServerState
 from .streaming import EventStream, sse_events
 
@@ -25,14 +26,7 @@ T = TypeVar("T")
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
 
 
-def create_router(state: ServerState, api_key: str | None = None) -> APIRouter:
-    """All Celeris routes on an APIRouter (for apps that prefer ``include_router``)."""
-    router = APIRouter()
-    register_routes(router, state, api_key)
-    return router
-
-
-def register_routes(target: FastAPI | APIRouter, state: ServerState,
+def register_routes(target: FastAPI, state: ServerState,
                     api_key: str | None = None) -> None:
     """Add every route to ``target``; all but PUBLIC_PATHS require the API key, so a route
     added to ``_endpoints`` is protected unless it is listed there explicitly."""
@@ -78,14 +72,14 @@ def _endpoints(state: ServerState) -> dict[tuple[str, str], Callable[..., Any]]:
 
 # ----------------------------------------------------------------------- completions
 async def _complete(state: ServerState, request: Request, chat: bool) -> Response:
-    body = await read_json(request, state.max_body_bytes)
-    req = parse(ChatCompletionRequest if chat else CompletionRequest, body)
+    req = await read_request(request, ChatCompletionRequest if chat else CompletionRequest,
+                             state.max_body_bytes)
     aengine = state.require_engine()
     if req.model is not None and req.model != state.model_name:
         raise _unknown_model(req.model, state.model_name)
     prompt_param = "messages" if chat else "prompt"
     prompt = req.to_prompt()
-    params = to_params(req, aengine.engine.default_params())
+    params = generation_params(req, aengine.engine.default_params())
     request_id = uuid.uuid4().hex[:16]
     shapes = Shapes(chat, request_id, state.model_name)
     items = aengine.stream(prompt, params, request_id, events=req.stream)
@@ -93,8 +87,10 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         first = await until_disconnect(request, items.__anext__())
     except Exception as exc:
         await items.aclose()
-        raise _request_error(exc, prompt_param, req.max_tokens, params.gen_length) from None
+        capped = req.max_tokens is not None or getattr(req, "max_completion_tokens", None)
+        raise _request_error(exc, prompt_param, bool(capped), params.gen_length) from None
     if first is None:   # the client went away while queued
+        state.metrics.disconnects.labels("waiting").inc()
         return Response(status_code=499)
 
     def finish(result: GenerationResult) -> str:
@@ -107,19 +103,20 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         events = sse_events(first, items, shapes, params.stop, include_usage,
                             req.celeris_denoise_events, finish)
-        return EventStream(events, on_close=lambda: aengine.abort(request_id))
+        return EventStream(events, on_close=lambda: aengine.abort(request_id),
+                           on_disconnect=lambda: state.metrics.disconnects.labels(
+                               "streaming").inc())
     await items.aclose()
     return JSONResponse(shapes.response(first, finish(first)))
 
 
-def _request_error(exc: Exception, prompt_param: str, max_tokens: int | None,
+def _request_error(exc: Exception, prompt_param: str, capped: bool,
                    gen_length: int) -> APIError:
     """Engine exception -> APIError; a context overflow names the prompt and max_tokens."""
     error = from_exception(exc, prompt_param)
     if error.code == "context_length_exceeded" and getattr(exc, "gen_length", 0):
-        asked = (f"max_tokens ({max_tokens}" + (f", rounded up to {gen_length} for whole "
-                                                f"blocks)" if max_tokens != gen_length else ")")
-                 if max_tokens is not None else f"the default gen_length ({gen_length})")
+        asked = (f"max_tokens ({gen_length})" if capped
+                 else f"the default gen_length ({gen_length})")
         error.message = (f"prompt ({exc.prompt_tokens} tokens) + {asked} = "
                          f"{exc.prompt_tokens + gen_length} tokens exceeds the model's context "
                          f"of {exc.limit} tokens")
@@ -154,51 +151,3 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-# ----------------------------------------------------------------------- request bodies
-async def read_json(request: Request, max_bytes: int) -> Any:
-    """The body as JSON: 413 beyond ``max_bytes``, 400 for bad UTF-8 or bad JSON."""
-    length = request.headers.get("content-length", "")
-    too_large = APIError(413, f"the request body exceeds the limit of {max_bytes} bytes", None,
-                         "request_too_large")
-    if length.isdigit() and int(length) > max_bytes:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
-    try:
-        text = b"".join(chunks).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise invalid(f"the request body is not valid UTF-8 (at byte {exc.start})", None,
-                      "invalid_utf8") from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise invalid(f"the request body is not valid JSON: {exc.msg} (line {exc.lineno}, "
-                      f"column {exc.colno})", None, "invalid_json") from None
-    except RecursionError:
-        raise invalid("the request body is nested too deeply", None, "invalid_json") from None
-    _check_strings(body, "")
-    return body
-
-
-def _check_strings(value: Any, path: str) -> None:
-    """Reject lone surrogates (``"\\ud800"`` is valid JSON but not valid Unicode text)."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise invalid(f"{path or 'body'} contains an unpaired surrogate (not valid UTF-8)",
-                          path or None, "invalid_utf8") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_strings(key, path)
-            _check_strings(item, f"{path}.{key}" if path else str(key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            _check_strings(item, f"{path}[{i}]")
-

@@ -1,9 +1,10 @@
 """``python -m celeris serve``: the API alone, under uvicorn, with a draining shutdown.
 
-The port opens at once; the model loads in the background (/ready answers 503 meanwhile).
-With ``--ray`` the same app runs as Ray Serve replicas instead (``ray_serve``).
-SIGTERM or Ctrl+C stops admitting requests (503), lets running ones finish within
-``--drain-timeout`` seconds, then exits 0; a second signal exits at once.
+The port opens at once; the model loads in the background (/ready and the API answer 503
+meanwhile). With ``--ray`` the same app runs as Ray Serve replicas instead
+(``ray_serve``). SIGTERM or Ctrl+C stops admitting requests (503), lets running ones finish within
+``--drain-timeout`` seconds, then exits 0; a second signal stops at once: running requests are
+aborted, and the process exits with 128 + the signal number, without tracebacks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .state import ServerState
 
 log = logging.getLogger("celeris.server")
 DRAIN_TIMEOUT_S = 30.0
+MAX_HEAD_BYTES = 20 * 1024   # a request head arriving in pieces (h11; whole ones: HeaderLimit)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -36,8 +38,11 @@ def main(args: argparse.Namespace) -> int:
     api_key = getattr(args, "api_key", None) or os.environ.get("CELERIS_API_KEY") or None
     options = {k: v for k in ("max_running", "max_queue")
                if (v := getattr(args, k, None)) is not None}
+    if getattr(args, "request_timeout", None) is not None:
+        options["request_timeout_s"] = args.request_timeout
     device, dtype = getattr(args, "device", "auto"), getattr(args, "dtype", "auto")
     EngineConfig(device=device, dtype=dtype, **options)   # bad options fail before the port
+    drain_timeout = _drain_timeout(getattr(args, "drain_timeout", None))
     failed = threading.Event()
     server: DrainingServer | None = None
 
@@ -53,39 +58,83 @@ def main(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     app = create_app(load, api_key=api_key, host=args.host)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                            access_log=True)
-    server = DrainingServer(config, app.state.celeris,
-                            float(getattr(args, "drain_timeout", None) or DRAIN_TIMEOUT_S))
+    server = DrainingServer(uvicorn_config(app, args.host, args.port), app.state.celeris,
+                            drain_timeout)
     server.should_exit = failed.is_set()   # the loader may have failed before `server` existed
     server.run()
     if failed.is_set():   # reported by the CLI as "error: ..." with exit status 2
         raise ModelLoadError(app.state.celeris.failure or "loading the model failed")
-    return 0
+    return server.exit_code()
+
+
+def _drain_timeout(value: Any) -> float:
+    value = DRAIN_TIMEOUT_S if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"--drain-timeout must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def uvicorn_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
+    """uvicorn settings shared by ``serve`` and app.py: h11 with a cap on a request head that
+    arrives in pieces, and an access log that never records query strings."""
+    config = uvicorn.Config(app, host=host, port=port, http="h11",
+                            h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                            **{"log_level": "info", "timeout_graceful_shutdown": 10, **options})
+    logging.getLogger("uvicorn.access").addFilter(strip_query_strings)
+    return config
+
+
+def strip_query_strings(record: logging.LogRecord) -> bool:
+    """An access-log filter: "GET /v1/models?api_key=..." is logged as "GET /v1/models"."""
+    args = record.args
+    if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
+        record.args = args[:2] + (args[2].split("?", 1)[0],) + args[3:]
+    return True
 
 
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose first SIGTERM/SIGINT drains the engine before shutting down.
 
     uvicorn's own handler closes the socket at once and re-raises the signal at exit (which
-    ends the process with a non-zero status); a second signal still forces the exit.
+    ends the process by that signal). A second signal here aborts the running requests and
+    shuts down as usual (``exit_code`` is then 128 + the signal); a third stops waiting.
     """
 
-    def __init__(self, config: uvicorn.Config, state: ServerState,
+    def __init__(self, config: uvicorn.Config, state: ServerState | None,
                  drain_timeout: float) -> None:
         super().__init__(config)
         self.state, self.drain_timeout = state, drain_timeout
         self.draining = False
+        self.forced_by: int | None = None
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.draining or self.should_exit:
-            self.should_exit = self.force_exit = True
-            return
-        self.draining = True
-        log.info("signal %s: draining for up to %.0f s, then exiting", sig, self.drain_timeout)
-        threading.Thread(target=self._drain, name="celeris-drain", daemon=True).start()
+        if self.forced_by is not None:      # a third signal: stop waiting for anything
+            self.force_exit = True
+        elif self.draining or self.should_exit:
+            log.warning("signal %s again: aborting the running requests and exiting", sig)
+            self.forced_by = sig
+            threading.Thread(target=self._abort_all, name="celeris-stop", daemon=True).start()
+        else:
+            self.draining = True
+            log.info("signal %s: draining for up to %g s, then exiting (a second signal exits "
+                     "at once)", sig, self.drain_timeout)
+            threading.Thread(target=self._drain, name="celeris-drain", daemon=True).start()
 
     def _drain(self) -> None:
-        if not self.state.drain_sync(self.drain_timeout):
+        if self.state is not None and not self.state.drain_sync(self.drain_timeout):
             log.warning("drain timeout: the requests still running were aborted")
         self.should_exit = True
+
+    def _abort_all(self) -> None:
+        """Stop the engine (its requests end with an error event at once), then let uvicorn
+        close the connections as in any shutdown."""
+        aengine = self.state.aengine if self.state is not None else None
+        if aengine is not None:
+            aengine.engine.stop()
+        self.should_exit = True
+
+    def exit_code(self) -> int:
+        return 0 if self.forced_by is None else 128 + int(self.forced_by)
+
+
+__all__ = ["main", "DrainingServer", "uvicorn_config"]

@@ -17,6 +17,7 @@ from .errors import APIError, unavailable
 from .metrics import ServerMetrics
 
 log = logging.getLogger("celeris.server")
+UNHEALTHY_AFTER = 3   # consecutive failed denoising steps that turn /ready to 503
 
 EngineSource = Engine | Callable[[], Engine]
 
@@ -79,6 +80,8 @@ class ServerState:
             if self.failure:
                 raise APIError(503, "the model could not be loaded", None, "model_unavailable")
             raise unavailable("the model is still loading; retry shortly", "model_loading")
+        if not self.ready:
+            raise unavailable("the model is warming up; retry shortly", "model_loading")
         return self.aengine
 
     def readiness(self) -> tuple[str, str]:
@@ -89,6 +92,10 @@ class ServerState:
         if not self.ready:
             return "loading", ("loading the model" if self.aengine is None
                                else "running the warm-up generation")
+        failures = self.aengine.stats().get("step_failures", 0)
+        if failures >= UNHEALTHY_AFTER:
+            return "unhealthy", (f"the last {failures} denoising steps failed; see the "
+                                 "server log")
         return "ready", self.model_name
 
     def abort_error(self) -> APIError:
@@ -107,11 +114,12 @@ class ServerState:
                 "architecture": info["architecture"], "dtype": info["dtype"]}
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"ready": int(self.ready and not self.draining)}
+        out: dict[str, Any] = {}
         if self.aengine is not None:
             engine = self.aengine.engine
             out.update(engine.stats())
             out.update(memory_info(engine.device))
+        out["ready"] = int(self.readiness()[0] == "ready")
         return out
 
     async def drain(self, timeout: float | None) -> bool:

@@ -1,7 +1,7 @@
 """Server-Sent Events for ``stream: true``, in OpenAI's chunk shapes.
 
 Deltas are append-only: each chunk carries the new part of the *stable* committed-prefix text
-(see ``protocol.stable_text``), so a client that concatenates deltas ends with exactly the
+(see ``shaping.stable_text``), so a client that concatenates deltas ends with exactly the
 final text. With ``celeris_denoise_events`` every denoising step is also sent as a separate
 ``event: celeris.denoise`` carrying the canvas. An error after the stream started is sent as a
 final ``data: {"error": ...}`` event (the OpenAI SDK raises it), then ``data: [DONE]``.
@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from ..outputs import GenerationResult, StepEvent
 from .errors import from_exception
-from .protocol import Shapes, stable_text
+from .shaping import Shapes, stable_text
 
 DONE = "data: [DONE]\n\n"
 
@@ -29,18 +29,28 @@ def sse(data: dict[str, Any], event: str | None = None) -> str:
 
 class EventStream(StreamingResponse):
     """A StreamingResponse that calls ``on_close`` however it ends (finished, failed, or the
-    client went away), so an abandoned request is aborted at once rather than at GC."""
+    client went away), so an abandoned request is aborted at once rather than at GC; and
+    ``on_disconnect`` when it ended before its last event was sent."""
 
-    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None],
+                 on_disconnect: Callable[[], None] | None = None) -> None:
+        super().__init__(self._tracked(content), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.on_close = on_close
+        self.on_close, self.on_disconnect = on_close, on_disconnect
+        self.completed = False
+
+    async def _tracked(self, content: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for chunk in content:
+            yield chunk
+        self.completed = True
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             self.on_close()
+            if not self.completed and self.on_disconnect is not None:
+                self.on_disconnect()
 
 
 async def sse_events(first: Any, items: AsyncIterator[Any], shapes: Shapes,

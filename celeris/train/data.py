@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from celeris.train.corpus import Item, Stream
-from celeris.train.tokenizer_train import SPECIAL_IDS, render_chat
+from celeris.train.tokenizer_train import CHAT_TEMPLATE, SPECIAL_IDS
 
 IGNORE = -100
 
@@ -58,6 +59,15 @@ class Batch:
         return int(self.attention_mask.sum())
 
 
+def _chat_renderer(tokenizer: Any) -> Any:
+    """A transformers tokenizer around ``tokenizer`` with the shipped chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
 class Batcher:
     """Draws batches from a ``Stream``; all randomness comes from the stream's RNG."""
 
@@ -78,6 +88,7 @@ class Batcher:
                         "request": tuple(request_buckets)}
         self.pad, self.bos, self.eos, self.eot = (SPECIAL_IDS["pad"], SPECIAL_IDS["bos"],
                                                   SPECIAL_IDS["eos"], SPECIAL_IDS["eot"])
+        self._chat = _chat_renderer(tokenizer)
 
     @property
     def rng(self) -> random.Random:
@@ -85,6 +96,11 @@ class Batcher:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False).ids
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text of a chat, through the template the saved tokenizer carries."""
+        return self._chat.apply_chat_template(messages, add_generation_prompt=True,
+                                              tokenize=False)
 
     def _bucket(self, source: str) -> int:
         lengths, weights = zip(*self.buckets[source])
@@ -143,7 +159,7 @@ class Batcher:
             item: Item = self.stream.item(source)
             answer = self.encode(item.answer) + [self.eot]
             if len(answer) <= canvas:
-                return self.encode(render_chat(item.chat(), add_generation_prompt=True)), answer
+                return self.encode(self.render_chat(item.chat())), answer
 
     def chat_batch(self, source: str, canvas: int) -> Batch:
         rows = max(1, self.tokens_per_batch // (canvas + PROMPT_ESTIMATE[source]))

@@ -64,27 +64,27 @@ def _story_ids(encode, bos: int | None, eos: int) -> list[list[int]]:
 
 
 # ----------------------------------------------------------------------------- diffusion
-def _eval_diffusion(model, overrides, sets, device, started) -> dict[str, Any]:
+def _eval_diffusion(model, overrides, sets, device, started, batch_size: int = CHUNK,
+                    loss_batch_size: int = 32) -> dict[str, Any]:
     from celeris import Engine, GenerationParams
 
     engine = model if isinstance(model, Engine) else Engine.from_pretrained(
         str(model), device=device)
     name = str(getattr(engine, "model_dir", model))
     params = GenerationParams.from_dict(dict(overrides or {}), base=engine.default_params())
-    preds: dict[str, list[str]] = {}
+    preds: dict[str, list[str]] = {task: [] for task in sets}
     nfe, gen_tokens, finish = 0, 0, {}
     t_gen = time.time()
-    for task, examples in sets.items():
-        out: list[str] = []
-        for i in range(0, len(examples), CHUNK):
-            chunk = examples[i:i + CHUNK]
-            for r in engine.generate_batch([ex.messages() for ex in chunk], params):
-                out.append(r.text)
-                nfe += r.nfe
-                gen_tokens += len(r.token_ids)
-                key = str(r.finish_reason)
-                finish[key] = finish.get(key, 0) + 1
-        preds[task] = out
+    todo = [(task, ex) for task, examples in sets.items() for ex in examples]
+    for i in range(0, len(todo), batch_size):   # rows are independent: tasks share batches
+        chunk = todo[i:i + batch_size]
+        for (task, _), r in zip(chunk, engine.generate_batch([ex.messages()
+                                                             for _, ex in chunk], params)):
+            preds[task].append(r.text)
+            nfe += r.nfe
+            gen_tokens += len(r.token_ids)
+            key = str(r.finish_reason)
+            finish[key] = finish.get(key, 0) + 1
     gen_s = time.time() - t_gen
     n = sum(len(v) for v in sets.values())
     extra: dict[str, Any] = {"nfe_mean": nfe / n, "generated_tokens": gen_tokens,
@@ -103,7 +103,8 @@ def _eval_diffusion(model, overrides, sets, device, started) -> dict[str, Any]:
         ml = objective.masked_eval_loss(
             model_obj, seqs, engine.tokenizer.special.mask, engine.tokenizer.special.pad,
             device=str(engine.device), skip_first=0 if hf.bos_token_id is None else 1,
-            autocast=next(model_obj.parameters()).dtype == torch.float32)
+            autocast=next(model_obj.parameters()).dtype == torch.float32,
+            batch_size=loss_batch_size)
         extra["masked_loss"] = ml["masked_loss"]
         extra["masked_loss_by_ratio"] = ml["by_ratio"]
     return _report(name, "diffusion", params.to_dict(), preds, sets, started, extra)
@@ -156,7 +157,8 @@ def _eval_ar(model, overrides, sets, device, started) -> dict[str, Any]:
 
 def evaluate(model: Any = None, *, kind: str = "diffusion",
              overrides: dict[str, Any] | None = None, limit: int | None = None,
-             device: str = "cpu") -> dict[str, Any]:
+             device: str = "cpu", batch_size: int = CHUNK,
+             loss_batch_size: int = 32) -> dict[str, Any]:
     """Exact-match accuracy per task on the held-out eval sets (+ masked loss for diffusion).
 
     model:     a model directory (default: models/celeris-tiny, or models/celeris-tiny-ar for
@@ -164,6 +166,9 @@ def evaluate(model: Any = None, *, kind: str = "diffusion",
     overrides: GenerationParams fields applied over the model's defaults (AR: only gen_length,
                used as max_new_tokens; decoding is greedy with the KV cache).
     limit:     problems per task (default 100, the full fixed eval set).
+    batch_size / loss_batch_size: rows per forward when generating (diffusion) and when
+               measuring the masked loss; larger means fewer forwards (each row's answer does
+               not depend on its batch; the loss's random masks do, within noise).
     """
     if kind not in DEFAULT_MODELS:
         raise ValueError(f"kind must be one of {', '.join(DEFAULT_MODELS)}; got {kind!r}")
@@ -174,5 +179,6 @@ def evaluate(model: Any = None, *, kind: str = "diffusion",
     device = _resolve_device(device)
     sets = _task_sets(limit)
     if kind == "diffusion":
-        return _eval_diffusion(model, overrides, sets, device, started)
+        return _eval_diffusion(model, overrides, sets, device, started, batch_size,
+                               loss_batch_size)
     return _eval_ar(model, overrides, sets, device, started)

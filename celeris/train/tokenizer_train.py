@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -28,7 +28,6 @@ PAD, BOS, EOS, MASK, USER, ASSISTANT, SYSTEM, EOT = (
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, MASK, USER, ASSISTANT, SYSTEM, EOT)
 SPECIAL_IDS: dict[str, int] = {
     "pad": 0, "bos": 1, "eos": 2, "mask": 3, "user": 4, "assistant": 5, "system": 6, "eot": 7}
-ROLES = ("user", "assistant", "system")
 
 VOCAB_SIZE = 2048
 MODEL_MAX_LENGTH = 512
@@ -45,18 +44,6 @@ CHAT_TEMPLATE = (
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def render_chat(messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
-    """The chat template in Python (identical output to ``apply_chat_template``)."""
-    out = []
-    for m in messages:
-        if m["role"] not in ROLES:
-            raise ValueError(f"unknown chat role {m['role']!r}; known: {', '.join(ROLES)}")
-        out.append(f"<|{m['role']}|>\n{m['content']}<|eot|>")
-    if add_generation_prompt:
-        out.append("<|assistant|>\n")
-    return "".join(out)
 
 
 def build_tokenizer() -> Tokenizer:

@@ -127,13 +127,16 @@ def build_model(kind: str, preset: str, vocab_size: int, block_size: int = 8):
     return LlamaForCausalLM(config)
 
 
-def lr_lambda_factory(warmup: int, total: int, min_ratio: float):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-    return f
+def make_schedule(opt: torch.optim.Optimizer, warmup: int, total: int, min_ratio: float,
+                  last_step: int = -1) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup to the peak learning rate, then a half cosine down to ``min_ratio`` x the
+    peak at ``total`` steps (transformers' schedule). ``last_step`` continues a run whose
+    length became known later (a time budget)."""
+    from transformers import get_cosine_with_min_lr_schedule_with_warmup
+
+    return get_cosine_with_min_lr_schedule_with_warmup(opt, warmup, total,
+                                                       min_lr_rate=min_ratio,
+                                                       last_epoch=last_step)
 
 
 def make_optimizer(model, tp: dict[str, Any]) -> torch.optim.Optimizer:
@@ -400,8 +403,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     box = {"total": schedule_steps or 10 ** 9, "warmup": warmup}
     if ckpt is not None:
         box["warmup"] = warmup = ckpt["meta"]["warmup_steps"]
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_lambda_factory(box["warmup"], box["total"], tp["min_lr_ratio"])(s))
+    sched = make_schedule(opt, box["warmup"], box["total"], tp["min_lr_ratio"])
     stream = _corpus.Stream(seed=seed, mix=_corpus.Mix.from_weights(tp.get("mix")))
     batcher = Batcher(tok, stream, tokens_per_batch=tp["tokens_per_batch"],
                       prefix_prob=tp["prefix_prob"], semi_ar_prob=tp.get("semi_ar_prob", 0.0))
@@ -492,6 +494,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
             box["total"] = target = max(step + 1, int((limit_s - (time.time() - t_start))
                                                       / per_step) + step)
             box["warmup"] = warmup = min(warmup, max(10, target // 20))
+            sched = make_schedule(opt, warmup, target, tp["min_lr_ratio"], last_step=step - 1)
             if bar is not None:
                 bar.total = target
         if step % tp["log_every"] == 0 or step == target:

@@ -1,4 +1,4 @@
-"""Serving benchmark: aggregate tokens/s at several concurrencies against sequential requests.
+"""Load for the serving benchmark: aggregate tokens/s at several concurrencies against sequential requests.
 
 ``bench_serve(engine_or_url)`` sends the same ``n_requests`` at each concurrency (a thread per
 in-flight request, as a user would) and reports, per level, aggregate generated tokens/s, time
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from .. import Engine, EngineBusyError
+from ..request_params import request_params
 
 DEFAULT_PROMPT = "Once upon a time"
 
@@ -78,9 +79,7 @@ def _pct(values: list[float], q: int) -> float | None:
 
 
 def _engine_sender(engine: Engine, prompt: str, max_tokens: int, knobs: dict[str, Any]) -> Any:
-    base = engine.default_params()
-    bl = knobs.get("block_length", base.block_length)
-    params = base.replace(**{**knobs, "gen_length": -(-max_tokens // bl) * bl})
+    params = request_params({**knobs, "max_tokens": max_tokens}, engine.default_params())
 
     def send(i: int) -> Sample:
         retries = 0

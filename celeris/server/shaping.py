@@ -1,0 +1,90 @@
+"""Response shapes: OpenAI completion / chat objects and stream chunks for one request."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..outputs import GenerationResult, StepEvent
+
+
+def usage(result: GenerationResult) -> dict[str, int]:
+    return result.usage.to_dict()
+
+
+def celeris_stats(result: GenerationResult) -> dict[str, Any]:
+    """Diffusion-specific numbers, next to the OpenAI fields."""
+    return {"nfe": result.nfe, "steps": result.steps, "seed": result.seed,
+            "tokens_per_forward": round(result.tokens_per_forward, 4),
+            "elapsed_s": round(result.timings.total_s, 6),
+            "first_block_s": result.timings.first_block_s,
+            "queue_s": round(result.timings.queue_s, 6)}
+
+
+class Shapes:
+    """Builds the response and chunk dicts of one request (completion or chat)."""
+
+    def __init__(self, chat: bool, request_id: str, model: str) -> None:
+        self.chat, self.model = chat, model
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
+        self.created = int(time.time())
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def response(self, result: GenerationResult, finish: str) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                      "logprobs": None, "finish_reason": finish}
+            out = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": result.text, "logprobs": None,
+                      "finish_reason": finish}
+            out = self._head("text_completion")
+        return {**out, "choices": [choice], "usage": usage(result),
+                "celeris": celeris_stats(result)}
+
+    def chunk(self, text: str | None, finish: str | None = None, first: bool = False,
+              include_usage: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            out = self._head("chat.completion.chunk")
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            out = self._head("text_completion")
+        out["choices"] = [choice]
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage(result),
+                "celeris": celeris_stats(result)}
+
+    def denoise(self, event: StepEvent) -> dict[str, Any]:
+        """A canvas snapshot (the ``celeris.denoise`` SSE event)."""
+        return {**self._head("celeris.denoise"), "choices": [], "step": event.step,
+                "block": event.block, "block_length": event.block_length,
+                "canvas": list(event.canvas), "mask_id": event.mask_id,
+                "committed": list(event.committed),
+                "confidences": [round(c, 5) for c in event.confidences],
+                "nfe": event.nfe, "elapsed_s": round(event.elapsed, 6), "text": event.text}
+
+
+def stable_text(text: str, stops: tuple[str, ...]) -> str:
+    """The part of a committed-prefix text that later steps cannot change: without trailing
+    U+FFFD (a UTF-8 character split across tokens) and without a tail that could still grow
+    into a stop string (which would then be cut off)."""
+    text = text.rstrip("\ufffd")
+    hold = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return text[:len(text) - hold]
+
