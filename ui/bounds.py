@@ -15,7 +15,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from . import limits
-from .context import EngineSlot, user_error
+from .context import EngineSlot
 from .widgets import gen_info
 
 QUIET = dict(queue=False, api_visibility="private", show_progress="hidden",
@@ -62,25 +62,42 @@ def steps_slider(gen_length: Any, block_length: Any, steps: Any) -> gr.Slider:
 
 
 def range_check(bounds_of: Callable[..., limits.Bounds]) -> Callable[..., None]:
-    """A release handler: a message when the typed value is outside ``bounds_of(*rest)``."""
+    """A release handler: a warning toast when the typed value is outside
+    ``bounds_of(*rest)`` (queued: only queued events deliver toasts)."""
     def check(value: Any, *rest: Any) -> None:
         message = bounds_of(*rest).check(value)
         if message:
-            raise user_error(message, "Out of range")
+            gr.Warning(message, title="Out of range")
     return check
+
+
+CHECK = dict(QUIET, queue=True)
 
 
 def wire_gen_length(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
                     gen_length: gr.Slider) -> None:
-    """gen length's top follows the prompt; a typed value outside gets a message."""
-    def follow(text: Any, chat: Any, value: Any) -> gr.Slider:
-        return gen_slider(gen_bounds(slot, prompt_message(text, chat)), value)
+    """gen length's top follows the prompt; a typed value outside gets a message.
 
-    for trigger in (prompt.change, as_chat.change):
-        trigger(follow, [prompt, as_chat, gen_length], gen_length, trigger_mode="always_last",
-                **QUIET)
-    gen_length.release(range_check(lambda text, chat: gen_bounds(
-        slot, prompt_message(text, chat))), [gen_length, prompt, as_chat], None, **QUIET)
+    The range is set on page load and on prompt changes (``gr.on`` without triggers), the
+    value only moved when the prompt grows past it: a handler that also ran on gen length's
+    own changes would clamp a typed value before its release could say so. The slider's
+    range as built stays context - 1 (the prompt unknown), which API callers are held to.
+    """
+    def bounds_of(text: Any, chat: Any) -> limits.Bounds:
+        return gen_bounds(slot, prompt_message(text, chat))
+
+    def follow(text: Any, chat: Any) -> gr.Slider:
+        b = bounds_of(text, chat)
+        return gr.Slider(minimum=b.lo, maximum=b.hi, info=gen_info(b))
+
+    def fit(text: Any, chat: Any, value: Any) -> Any:
+        b = bounds_of(text, chat)
+        return gr.skip() if b.check(value) is None else gen_slider(b, value)
+
+    gr.on(None, follow, [prompt, as_chat], gen_length, trigger_mode="always_last", **QUIET)
+    gr.on([prompt.change, as_chat.change], fit, [prompt, as_chat, gen_length], gen_length,
+          trigger_mode="always_last", **QUIET)
+    gen_length.release(range_check(bounds_of), [gen_length, prompt, as_chat], None, **CHECK)
 
 
 def wire_controls(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
@@ -92,4 +109,4 @@ def wire_controls(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
                       [gen_length, block, steps], [steps, block], **QUIET)
     block.change(steps_slider, [gen_length, block, steps], steps, **QUIET)
     steps.release(range_check(lambda g: limits.steps_bounds(_number(g, 0))),
-                  [steps, gen_length], None, **QUIET)
+                  [steps, gen_length], None, **CHECK)

@@ -51,7 +51,7 @@ def infill_frame(traj: Trajectory, prefix: str, slot: EngineSlot) -> tuple[Any, 
 
 
 def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
-    return [], "", render.error_gauges(slot.info()), f"**error** · {render.escape_text(why)}"
+    return [], "", render.error_gauges(slot.info()), render.error_markdown(why)
 
 
 def make_fill(slot: EngineSlot):

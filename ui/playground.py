@@ -80,7 +80,7 @@ def _run(slot: EngineSlot, prompt: str, as_chat: bool, settings: tuple[Any, ...]
 
 def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
     """A refused run: no canvas, status "error", the reason under the canvas."""
-    return [], "", render.error_gauges(slot.info()), f"**error** · {render.escape_text(why)}", \
+    return [], "", render.error_gauges(slot.info()), render.error_markdown(why), \
         gr.skip()
 
 
@@ -182,9 +182,8 @@ def create_ui(slot: EngineSlot) -> None:
                 parts = _prompt_column()
             with gr.Column(scale=2):
                 preset = widgets.preset_radio("pg-preset")
-                gen = bounds.gen_bounds(slot, bounds.prompt_message(parts["prompt"].value,
-                                                                    parts["as_chat"].value))
-                controls = widgets.generation_controls(defaults, "pg", gen)
+                controls = widgets.generation_controls(defaults, "pg",
+                                                       bounds.gen_bounds(slot, None))
         traj_state = gr.State(None)
         replay = parts.pop("replay")
         _charts_section(replay)

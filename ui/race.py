@@ -67,7 +67,8 @@ def stopped(column: dict[str, str] | None) -> dict[str, str]:
 def traj_stats(traj: Trajectory) -> dict[str, str]:
     if traj.result is not None:
         r = traj.result
-        out = stats(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], "done")
+        done = "stopped" if r["finish_reason"] == "abort" else "done"
+        out = stats(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], done)
         out["tps"] = f"{r['tokens_per_s']:.1f}"
         return out
     last = traj.steps[-1] if traj.steps else None   # live: positions committed so far
@@ -112,7 +113,7 @@ def make_race(slot: EngineSlot):
 
 def error_columns(why: str) -> list[Any]:
     return [[], stats(state="error"), [], stats(state="error"), "", stats(state="error"),
-            f"**error** · {render.escape_text(why)}"]
+            render.error_markdown(why)]
 
 
 def _race(slot: EngineSlot, prompt: str, as_chat: bool, gen_length: float,
@@ -183,7 +184,7 @@ def create_ui(slot: EngineSlot) -> None:
                                 elem_id="race-prompt")
             as_chat = gr.Checkbox(True, label="chat message", scale=1)
         with gr.Row():
-            gen = bounds.gen_bounds(slot, bounds.prompt_message(prompt.value, as_chat.value))
+            gen = bounds.gen_bounds(slot, None)   # the prompt's share: on load (ui/bounds)
             gen_length = gr.Slider(gen.lo, gen.hi, value=min(base.gen_length, gen.hi),
                                    step=limits.GEN_MIN, label="gen length",
                                    info=widgets.gen_info(gen), elem_id="race-gen-length")

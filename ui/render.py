@@ -28,6 +28,11 @@ def escape_text(text: str) -> str:
     return "".join(_TEMPLATE_ESCAPES.get(ch, ch) for ch in out)
 
 
+def error_markdown(why: str) -> str:
+    """A refused run's reason for a Markdown line (tags shown as text, quotes kept)."""
+    return f"**error** · {html.escape(str(why), quote=False)}"
+
+
 def token_label(text: str) -> str:
     """How one token reads on the canvas: whitespace made visible, then escaped."""
     if text == "":
