@@ -251,7 +251,6 @@ def test_race_stop_marks_the_unfinished_columns_stopped(page):
 
     page.get_by_role("tab", name="Race").click()
     set_number(page, "race-gen-length", slider_max(page, "race-gen-length") // 8 * 8)
-    set_choice(page, "race-block-length", 8)
     page.click("#race-go")
     expect(page.locator("#race-ref-stats")).to_contain_text("running")
     page.click("#race-stop")

@@ -196,3 +196,17 @@ def test_a_failed_model_load_is_a_status_line_not_an_error():
     assert info == gr.skip() and "Could not load the model" in status and "/nope" in status
     info, status = load("  ", "cpu", "auto", progress=lambda *a, **k: None)
     assert "Enter the path" in status
+
+
+def test_tokens_gauge_moves_while_a_short_task_commits_its_end_of_text_first():
+    """A short task commits the EOS padding first and its answer last: counting answer
+    tokens live read 0.0 for most steps; the live tile counts committed positions."""
+    traj = Trajectory(4, 4)
+    canvas = [M, M, M, M]
+    for step, pos in enumerate([3, 2, 1], start=1):
+        canvas[pos] = EOS
+        traj.add(StepEvent("r", step, 0, tuple(canvas), (pos,), (0.9,), step, 0.1 * step,
+                           "", M, 4), token_text)
+        g = render.trajectory_gauges(traj, None, "running")
+        assert float(g["tps"]) == pytest.approx(step / (0.1 * step))
+        assert g["tps_label"] == "positions/s"
