@@ -155,12 +155,13 @@ def test_the_api_tabs_gradio_client_snippet_runs_against_the_live_app(served, ca
 
 def test_cancelled_run_frees_the_engine(client):
     settings = list(SETTINGS)
-    settings[2], settings[3] = 256, 8          # long enough to cancel midway
-    job = client.submit(PROMPT, False, *settings, api_name="/generate")
+    settings[2], settings[3] = 192, 8          # long enough to cancel midway, and it fits
+    job = client.submit(PROMPT, False, *settings, api_name="/generate")   # the context (256)
     for i, _ in enumerate(job):
         if i == 3:
             job.cancel()
             break
+    assert i == 3                              # it ran (a refused run would end at once)
     start = time.monotonic()
     out = client.predict(PROMPT, False, *SETTINGS, api_name="/generate")
     assert out[2]["state"] == "done" and time.monotonic() - start < 30

@@ -225,6 +225,12 @@ def test_sliders_follow_the_model_and_typed_values_get_a_message(page):
     box.press("Tab")
     expect(page.get_by_text(f"gen length must be in [8, {top}]").first).to_be_visible()
     expect(box).to_have_value(str(top))            # moved to the top, and said so
+    temperature = page.locator("#pg-temperature input[type=number]")
+    temperature.fill("5")
+    temperature.press("Tab")
+    expect(page.get_by_text("temperature must be in [0.0, 2.0]; 5 was set to 2.0").first
+           ).to_be_visible()
+    set_number(page, "pg-temperature", 0)
     set_number(page, "pg-gen-length", 64)
     expect(page.locator("#pg-steps [data-testid=max-value]")).to_have_text("64")
     set_choice(page, "pg-block-length", 32)

@@ -46,6 +46,8 @@ def test_out_of_range_values_get_a_message_naming_field_and_range():
     assert "was set to 8" in b.check(3)
     assert b.check("lots") == "gen length must be a number in [8, 498]; got 'lots'."
     assert "steps must be in [0, 64]" in limits.steps_bounds(64).check(100)
+    assert limits.Bounds("temperature", 0.0, 2.0).check(5) == \
+        "temperature must be in [0.0, 2.0]; 5 was set to 2.0."
 
 
 @pytest.mark.parametrize("gen", [64, 40, 498, 7, 1])

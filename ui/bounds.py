@@ -110,3 +110,11 @@ def wire_controls(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
     block.change(steps_slider, [gen_length, block, steps], steps, **QUIET)
     steps.release(range_check(lambda g: limits.steps_bounds(_number(g, 0))),
                   [steps, gen_length], None, **CHECK)
+    warn_out_of_range(controls[1], "temperature")
+    warn_out_of_range(controls[4], "threshold")
+
+
+def warn_out_of_range(slider: gr.Slider, name: str) -> None:
+    """A fixed-range slider: a typed value outside gets the same message as the others."""
+    fixed = limits.Bounds(name, slider.minimum, slider.maximum)
+    slider.release(range_check(lambda: fixed), slider, None, **CHECK)

@@ -14,7 +14,7 @@ import gradio as gr
 
 from celeris import GenerationResult
 
-from . import render
+from . import bounds, render
 from .context import EngineSlot, session_of, user_errors
 from .examples import examples
 from .playground import make_stop
@@ -122,3 +122,4 @@ def create_ui(slot: EngineSlot) -> None:
     stop.click(make_stop(slot), None, None, cancels=events, queue=False,
                api_visibility="private")
     clear.click(lambda: [], None, chatbot, queue=False, api_visibility="private")
+    bounds.warn_out_of_range(gen_length, "reply length")

@@ -13,7 +13,7 @@ import gradio as gr
 from celeris import split_infill
 from celeris.params import DECODINGS
 
-from . import render, widgets
+from . import bounds, render, widgets
 from .context import (EngineSlot, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
@@ -109,3 +109,4 @@ def create_ui(slot: EngineSlot) -> None:
                      concurrency_limit=slot.concurrency, show_progress="hidden")
     stop.click(make_stop_gauges(slot), gauge, gauge, cancels=[event], queue=False,
                api_visibility="private")
+    bounds.warn_out_of_range(span, "tokens per [MASK]")

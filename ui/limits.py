@@ -20,8 +20,8 @@ class Bounds:
     """The allowed range of one slider and why its top is where it is."""
 
     name: str
-    lo: int
-    hi: int
+    lo: float
+    hi: float
     why: str = ""
 
     def check(self, value: Any) -> str | None:

@@ -208,5 +208,6 @@ def create_ui(slot: EngineSlot) -> None:
     stop.click(make_race_stop(slot), outputs[1::2], outputs[1::2] + [summary],
                cancels=[event], queue=False, api_visibility="private")
     bounds.wire_gen_length(slot, prompt, as_chat, gen_length)
+    bounds.warn_out_of_range(threshold, "threshold")
     gen_length.change(bounds.block_dropdown, [gen_length, block_length], block_length,
                       **bounds.QUIET)
