@@ -66,6 +66,8 @@ def page(served, chromium_path):
         expect.set_options(timeout=30_000)
         page.goto(served + "/")
         page.wait_for_selector("#pg-generate")
+        # the page-load event has fitted gen length to the prompt (it was built for 1 token)
+        expect(page.locator("#pg-gen-length")).not_to_contain_text("prompt 1 tokens")
         yield page
         browser.close()
 
@@ -156,6 +158,7 @@ def test_invalid_settings_show_a_toast_and_the_app_keeps_working(page):
 
     set_number(page, "pg-gen-length", 64)
     set_choice(page, "pg-block-length", 16)
+    expect(page.locator("#pg-steps input[type=range]")).to_have_attribute("step", "4")
     box = page.locator("#pg-steps input[type=number]")
     box.fill("6")                                   # typed off the slider's grid of 4 blocks
     box.press("Enter")
