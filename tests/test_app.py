@@ -7,6 +7,7 @@ race is a random tiny Llama next to the same tokenizer.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 import socket
 import threading
@@ -130,14 +131,37 @@ def test_invalid_settings_are_a_clear_error_and_the_app_keeps_working(client):
     assert out[2]["state"] == "done"
 
 
+def test_a_prompt_over_the_context_is_refused_before_painting_with_status_error(client):
+    from gradio_client.exceptions import AppError
+
+    job = client.submit("Once upon a time " * 200, False, *SETTINGS, api_name="/generate")
+    with pytest.raises(AppError, match="exceeds the model's context"):
+        job.result()
+    updates = job.outputs()
+    assert updates and all(u[0] == [] for u in updates)        # no canvas of masks
+    assert updates[-1][2]["state"] == "error"
+    assert "exceeds the model's context" in updates[-1][3]
+
+
+def test_the_api_tabs_gradio_client_snippet_runs_against_the_live_app(served, capsys):
+    from ui.api_tab import snippets
+
+    code = snippets(served, "tiny", key_required=False)["gradio_client"]
+    exec(compile(code, "snippet", "exec"), {})               # the copy-paste example, as is
+    # one "<nfe> <state> <text>" line per update (the random model's text may hold newlines)
+    updates = re.findall(r"^(\d+) (running|done) ", capsys.readouterr().out, re.M)
+    assert len(updates) >= 2 and updates[-1][1] == "done" and int(updates[-1][0]) > 0
+
+
 def test_cancelled_run_frees_the_engine(client):
     settings = list(SETTINGS)
-    settings[2], settings[3] = 256, 8          # long enough to cancel midway
-    job = client.submit(PROMPT, False, *settings, api_name="/generate")
+    settings[2], settings[3] = 192, 8          # long enough to cancel midway, and it fits
+    job = client.submit(PROMPT, False, *settings, api_name="/generate")   # the context (256)
     for i, _ in enumerate(job):
         if i == 3:
             job.cancel()
             break
+    assert i == 3                              # it ran (a refused run would end at once)
     start = time.monotonic()
     out = client.predict(PROMPT, False, *SETTINGS, api_name="/generate")
     assert out[2]["state"] == "done" and time.monotonic() - start < 30

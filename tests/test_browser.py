@@ -61,11 +61,13 @@ def page(served, chromium_path):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path, headless=True,
                                     args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1360, "height": 1000})
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(60_000)
         expect.set_options(timeout=30_000)
         page.goto(served + "/")
         page.wait_for_selector("#pg-generate")
+        # the page-load event has fitted gen length to the prompt (it was built for 1 token)
+        expect(page.locator("#pg-gen-length")).not_to_contain_text("prompt 1 tokens")
         yield page
         browser.close()
 
@@ -80,8 +82,23 @@ def set_number(page, elem_id: str, value) -> None:
     expect(page.locator(f"#{elem_id} input[type=range]")).to_have_value(str(value))
 
 
+def set_choice(page, elem_id: str, value) -> None:
+    """Pick one of a dropdown's offered values (it must be offered)."""
+    from playwright.sync_api import expect
+
+    box = page.locator(f"#{elem_id} input")
+    box.fill(str(value))
+    page.get_by_role("option", name=str(value), exact=True).click()
+    expect(box).to_have_value(str(value))
+
+
 def state(page, gauges: str = "#pg-gauges"):
     return page.locator(f"{gauges} [data-g=state] b")
+
+
+def error_pills(page, elem_id: str):
+    """Gradio's red "Error" overlay on a component whose event raised."""
+    return page.locator(f"#{elem_id} [data-testid=status-tracker] .error")
 
 
 def test_generate_animates_the_canvas_and_fills_the_gauges(page):
@@ -105,7 +122,7 @@ def test_generate_animates_the_canvas_and_fills_the_gauges(page):
 def test_replay_scrubber_shows_an_earlier_step(page):
     from playwright.sync_api import expect
 
-    page.get_by_text("Replay and charts").click()
+    expect(page.locator("#pg-replay")).to_contain_text("Replay")   # open, under the answer
     expect(page.locator("#pg-commits .js-plotly-plot")).to_be_visible()
     expect(page.locator("#pg-heatmap .js-plotly-plot")).to_be_visible()
     set_number(page, "pg-scrub", 5)
@@ -117,7 +134,6 @@ def test_replay_scrubber_shows_an_earlier_step(page):
     expect(page.locator("#pg-caption")).to_contain_text("every position masked")
     expect(replay.locator(".tk.mask")).to_have_count(128)
     page.locator("#pg-replay").screenshot(path=str(ARTIFACTS / "replay.png"))
-    page.get_by_text("Replay and charts").click()
 
 
 def test_stop_aborts_a_running_generation(page):
@@ -126,7 +142,7 @@ def test_stop_aborts_a_running_generation(page):
     if os.environ.get("CELERIS_UI_TEST_MODEL"):
         pytest.skip("needs the random tiny model's 1,100-token context and suppressed EOS")
     set_number(page, "pg-gen-length", 1024)
-    set_number(page, "pg-block-length", 32)
+    set_choice(page, "pg-block-length", 32)
     set_number(page, "pg-steps", 0)
     page.click("#pg-generate")
     expect(state(page)).to_have_text("running")
@@ -141,10 +157,14 @@ def test_invalid_settings_show_a_toast_and_the_app_keeps_working(page):
     from playwright.sync_api import expect
 
     set_number(page, "pg-gen-length", 64)
-    set_number(page, "pg-block-length", 12)
+    set_choice(page, "pg-block-length", 16)
+    expect(page.locator("#pg-steps input[type=range]")).to_have_attribute("step", "4")
+    box = page.locator("#pg-steps input[type=number]")
+    box.fill("6")                                   # typed off the slider's grid of 4 blocks
+    box.press("Enter")
     page.click("#pg-generate")
-    expect(page.get_by_text("must be a multiple of block_length").first).to_be_visible()
-    set_number(page, "pg-block-length", 16)
+    expect(page.get_by_text("must be a multiple of the number of blocks").first).to_be_visible()
+    expect(state(page)).to_have_text("error")
     set_number(page, "pg-steps", 0)
     page.click("#pg-generate")
     expect(state(page)).to_have_text("done")
@@ -178,3 +198,136 @@ def test_infill_shows_html_in_the_text_as_text(page):
     assert "<i>x</i>" in text and "${7*6}" in text and "42" not in text
     assert canvas.locator("i").count() == 0
     page.screenshot(path=str(ARTIFACTS / "infill.png"), full_page=True)
+
+
+# ---------------------------------------------------------------------- issue 17, items 10-15
+PROMPT = "Tell me a story about a brave fox."
+COVERED = """(sel) => {
+  const t = document.querySelector(sel), r = t.getBoundingClientRect();
+  const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
+  return !t.contains(hit);
+}"""
+
+
+def slider_max(page, elem_id: str) -> int:
+    return int(float(page.locator(f"#{elem_id} [data-testid=max-value]").inner_text()))
+
+
+def test_sliders_follow_the_model_and_typed_values_get_a_message(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Playground").click()
+    first = slider_max(page, "pg-gen-length")
+    assert 400 < first < 1100                    # the context less the prompt's tokens
+    page.fill("#pg-prompt textarea", PROMPT + " Make it long and happy." * 6)
+    expect(page.locator("#pg-gen-length [data-testid=max-value]")).not_to_have_text(str(first))
+    top = slider_max(page, "pg-gen-length")
+    assert top < first
+    box = page.locator("#pg-gen-length input[type=number]")
+    box.fill("5000")
+    box.press("Tab")
+    expect(page.get_by_text(f"gen length must be in [8, {top}]").first).to_be_visible()
+    expect(box).to_have_value(str(top))            # moved to the top, and said so
+    temperature = page.locator("#pg-temperature input[type=number]")
+    temperature.fill("5")
+    temperature.press("Tab")
+    expect(page.get_by_text("temperature must be in [0.0, 2.0]; 5 was set to 2.0").first
+           ).to_be_visible()
+    set_number(page, "pg-temperature", 0)
+    set_number(page, "pg-gen-length", 64)
+    expect(page.locator("#pg-steps [data-testid=max-value]")).to_have_text("64")
+    set_choice(page, "pg-block-length", 32)
+    set_number(page, "pg-gen-length", 40)        # 32 does not divide 40: the largest that does
+    expect(page.locator("#pg-block-length input")).to_have_value("20")
+    page.fill("#pg-prompt textarea", PROMPT)
+    expect(page.locator("#pg-gen-length [data-testid=max-value]")).to_have_text(str(first))
+
+
+def test_a_run_over_the_context_shows_the_error_not_masks(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Playground").click()
+    page.fill("#pg-prompt textarea", "Once upon a time " * 400)
+    page.click("#pg-generate")
+    expect(state(page)).to_have_text("error")
+    expect(page.locator("#pg-summary")).to_contain_text("exceeds the model's context")
+    expect(page.locator("#pg-canvas .tk")).to_have_count(0)
+    page.fill("#pg-prompt textarea", PROMPT)
+
+
+def test_race_stop_marks_the_unfinished_columns_stopped(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Race").click()
+    set_number(page, "race-gen-length", slider_max(page, "race-gen-length") // 8 * 8)
+    page.click("#race-go")
+    expect(page.locator("#race-ref-stats")).to_contain_text("running")
+    page.click("#race-stop")
+    for column in ("ref", "fast", "ar"):
+        expect(page.locator(f"#race-{column}-stats")).to_contain_text("stopped")
+    expect(page.locator("#race-summary")).to_have_text("Stopped.")
+    set_number(page, "race-gen-length", 64)
+
+
+def test_chat_does_not_send_an_empty_message(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Chat").click()
+    expect(page.locator("#chat-send")).to_be_disabled()
+    page.locator("#chat-message textarea").press("Enter")
+    expect(page.get_by_text("Type a message first.").first).to_be_visible()
+    for elem_id in ("chat-box", "chat-message"):
+        expect(error_pills(page, elem_id)).to_have_count(0)
+    page.fill("#chat-message textarea", "hello")
+    expect(page.locator("#chat-send")).to_be_enabled()
+    page.screenshot(path=str(ARTIFACTS / "chat.png"))
+
+
+def test_infill_keeps_non_ascii_text_and_counts_filled_tokens_only(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Infill").click()
+    set_number(page, "infill-span", 1)
+    page.fill("#infill-text textarea", "Story: [MASK] naïve 日本 🦊 end.")
+    page.click("#infill-go")
+    pinned = page.locator("#infill-canvas .tk.pin")
+    expect(page.locator("#infill-canvas")).to_contain_text("naïve 日本")   # this run's canvas
+    expect(state(page, "#infill-gauges")).to_have_text("done")
+    # the pinned cells spell the text whole (byte-level tokens of ï, 日, 本 and 🦊 included)
+    assert "".join(pinned.all_inner_texts()).startswith(" naïve 日本 🦊 end.")
+    filled = page.locator("#infill-result textarea").input_value()
+    assert filled.startswith("Story:") and filled.endswith(" naïve 日本 🦊 end.")
+    nfe = int(page.locator("#infill-gauges [data-g=nfe] b").inner_text())
+    tpf = float(page.locator("#infill-gauges [data-g=tpf] b").inner_text())
+    assert tpf == pytest.approx(1 / nfe, abs=0.01)        # one [MASK] of one token
+    page.fill("#infill-text textarea", "[MASK]")
+    page.click("#infill-go")
+    expect(state(page, "#infill-gauges")).to_have_text("error")
+    expect(page.locator("#infill-note")).to_contain_text("nothing around the [MASK]")
+
+
+def test_api_tab_max_tokens_range_matches_the_context(page):
+    import re
+
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="API").click()
+    about = page.locator("#api-about")
+    expect(about).to_contain_text("max_tokens: 1 to")
+    low, context = re.search(r"max_tokens: 1 to (\d+), and prompt tokens \+ max_tokens at "
+                             r"most (\d+)", about.inner_text()).groups()
+    assert int(low) == int(context) - 1 and int(context) in (512, 1100)
+    expect(page.locator("#api-gradio_client")).to_contain_text("update[0], update[1]")
+    page.screenshot(path=str(ARTIFACTS / "api.png"))
+
+
+def test_model_tab_load_error_leaves_the_table_readable(page):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="Model").click()
+    page.locator("#model-path textarea, #model-path input").first.fill("/no/such/model")
+    page.click("#model-load")
+    expect(page.locator("#model-status")).to_contain_text("Could not load the model")
+    expect(error_pills(page, "model-info")).to_have_count(0)
+    assert not page.evaluate(COVERED, "#model-info table")
+    page.screenshot(path=str(ARTIFACTS / "model.png"))

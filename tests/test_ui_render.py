@@ -176,10 +176,13 @@ def test_text_at_uses_the_result_once_finished():
 def test_gauges_live_and_final():
     live = render.trajectory_gauges(run(finish=False), None, "running")
     assert live["nfe"] == "3" and live["elapsed"] == "0.03 s" and live["state"] == "running"
-    assert float(live["tps"]) == pytest.approx(2 / 0.03, rel=1e-2)   # "Hello", " world"
+    # live: the three committed positions (the end of text at 2 too), labelled as positions
+    assert float(live["tps"]) == pytest.approx(3 / 0.03, rel=1e-2)
+    assert (live["tps_label"], live["tpf_label"]) == ("positions/s", "positions / forward")
     done = render.trajectory_gauges(run(), {"memory_kind": "rss", "memory_bytes": 3 * 2**20},
                                     "done")
     assert done["tps"] == f"{result().tokens_per_s:.1f}" and done["tpf"] == "0.67"
+    assert done["tps_label"] == "tokens/s"
     assert done["mem"] == "3.0 MB" and done["mem_label"] == "RSS (CPU)"
 
 

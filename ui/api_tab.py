@@ -42,18 +42,34 @@ def snippets(url: str, model: str, key_required: bool) -> dict[str, str]:
               "# decoding, remasking, cache, seed\n"
               f"job = client.submit(\"{EXAMPLE_PROMPT}\", True, 0, 0.0, 64, 32, 0.9,\n"
               "                    \"threshold\", \"low_confidence\", \"prefix\", 0, "
-              "api_name=\"/generate\")\nfor canvas, text, gauges in job:   # every denoising step\n"
-              "    print(gauges[\"nfe\"], text)\n")
+              "api_name=\"/generate\")\n"
+              "for update in job:   # one update per denoising step\n"
+              "    canvas, text, gauges = update[0], update[1], update[2]\n"
+              "    print(gauges[\"nfe\"], gauges[\"state\"], text)\n")
     return {"curl": curl, "openai": openai, "gradio_client": client}
 
 
-def describe(url: str, key_required: bool) -> str:
+def max_tokens_line(context: int | None) -> str:
+    """The range of max_tokens on this model: the prompt and the answer share the context."""
+    if not context:
+        return "`max_tokens`: load a model to see its range."
+    return (f"`max_tokens`: 1 to {context - 1}, and prompt tokens + `max_tokens` at most "
+            f"{context} (this model's context).")
+
+
+def api_context(slot: EngineSlot) -> int | None:
+    """The context of the model /v1 serves (the one the app started with)."""
+    return slot.primary.info().get("context_length") if slot.primary is not None else None
+
+
+def describe(url: str, key_required: bool, context: int | None = None) -> str:
     auth = ("**An API key is required**: send `Authorization: Bearer <key>` (the key given "
             "with `--api-key` or `CELERIS_API_KEY`)." if key_required else
             "No API key is required (start with `--api-key` to require one).")
     return (f"The OpenAI-compatible API is served by this same process, on this same port.\n\n"
             f"- Base URL: `{render.escape_text(url)}/v1`\n- Health: `{render.escape_text(url)}"
-            f"/health` · models: `{render.escape_text(url)}/v1/models`\n- {auth}")
+            f"/health` · models: `{render.escape_text(url)}/v1/models`\n- {auth}\n"
+            f"- {max_tokens_line(context)}")
 
 
 def create_ui(slot: EngineSlot) -> None:
@@ -61,7 +77,8 @@ def create_ui(slot: EngineSlot) -> None:
     initial = snippets(url, (slot.info() or {}).get("model", "celeris-tiny"),
                        slot.api_key_required)
     with gr.Tab("API", id="api") as tab:
-        about = gr.Markdown(describe(url, slot.api_key_required), elem_id="api-about")
+        about = gr.Markdown(describe(url, slot.api_key_required, api_context(slot)),
+                            elem_id="api-about")
         codes = {name: gr.Code(initial[name], language=lang, label=name, interactive=False,
                                buttons=["copy"], elem_id=f"api-{name}")
                  for name, lang in (("curl", "shell"), ("openai", "python"),
@@ -71,6 +88,7 @@ def create_ui(slot: EngineSlot) -> None:
         url = base_url(dict(request.headers) if request else None)
         model = (slot.info() or {}).get("model", "celeris-tiny")
         code = snippets(url, model, slot.api_key_required)
-        return [describe(url, slot.api_key_required)] + [code[k] for k in codes]
+        about = describe(url, slot.api_key_required, api_context(slot))
+        return [about] + [code[k] for k in codes]
 
     tab.select(refresh, None, [about, *codes.values()], queue=False, api_visibility="private")

@@ -14,8 +14,8 @@ import gradio as gr
 
 from celeris import GenerationResult
 
-from . import render
-from .context import EngineSlot, session_of, user_error, user_errors
+from . import bounds, render
+from .context import EngineSlot, session_of, user_errors
 from .examples import examples
 from .playground import make_stop
 from .settings import PRESETS
@@ -28,11 +28,28 @@ def reply_so_far(text: str, masked: int) -> str:
     return text + (" " + MASK_TAIL * max(1, masked // 8) if masked else "")
 
 
-def add_user_message(message: str, history: list[dict[str, Any]]
-                     ) -> tuple[str, list[dict[str, Any]]]:
+EMPTY = "Type a message first."
+
+
+def add_user_message(message: str, history: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """Append the typed message; an empty box only says what to do (a warning toast, the
+    history untouched), so no error status lands on the chat."""
     if not isinstance(message, str) or not message.strip():
-        raise user_error("Type a message first.", "Empty message")
+        gr.Warning(EMPTY, title="Empty message")
+        return gr.skip(), gr.skip()
     return "", list(history or []) + [{"role": "user", "content": message}]
+
+
+def send_button(message: Any) -> gr.Button:
+    """Send is enabled only while there is something to send."""
+    return gr.Button(interactive=isinstance(message, str) and bool(message.strip()))
+
+
+def reply_bounds(context: int | None) -> tuple[int, int]:
+    """(max, default) reply length: the history shares the context, so at most context - 64
+    (a few short turns), in steps of 16."""
+    top = 512 if not context else max(16, (context - 64) // 16 * 16)
+    return top, min(64, top)
 
 
 def make_respond(slot: EngineSlot):
@@ -80,23 +97,29 @@ def create_ui(slot: EngineSlot) -> None:
         with gr.Row():
             message = gr.Textbox(placeholder="Type a message and press Enter", scale=5,
                                  show_label=False, elem_id="chat-message")
-            send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send")
+            send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send",
+                             interactive=False)
             stop = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
         with gr.Row():
             preset = gr.Radio(list(PRESETS), value="fast", label="preset")
-            gen_length = gr.Slider(16, 512, value=64, step=16, label="reply length (tokens)")
+            top, value = reply_bounds(slot.context_length())
+            gen_length = gr.Slider(16, top, value=value, step=16, label="reply length (tokens)",
+                                   elem_id="chat-gen-length")
             clear = gr.Button("Clear", scale=0)
         samples = examples("chat")
         if samples:
             gr.Examples([[s] for s in samples], [message], label="examples")
     respond = make_respond(slot)
     events = []
+    message.change(send_button, message, send, queue=False, api_visibility="private",
+                   show_progress="hidden")
     for trigger in (send.click, message.submit):
-        ev = trigger(add_user_message, [message, chatbot], [message, chatbot], queue=False,
-                     api_visibility="private")
+        ev = trigger(add_user_message, [message, chatbot], [message, chatbot],
+                     api_visibility="private", show_progress="hidden")
         events.append(ev.then(respond, [chatbot, preset, gen_length], chatbot,
                               api_visibility="private", concurrency_id="engine",
                               concurrency_limit=slot.concurrency, show_progress="hidden"))
     stop.click(make_stop(slot), None, None, cancels=events, queue=False,
                api_visibility="private")
     clear.click(lambda: [], None, chatbot, queue=False, api_visibility="private")
+    bounds.warn_out_of_range(gen_length, "reply length")

@@ -8,6 +8,7 @@ through ``engine.stream`` / ``engine.stream_infill`` only.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -106,6 +107,26 @@ class EngineSlot:
             self._strings.update(zip(missing, strings))
         return [self._strings[int(t)] for t in ids]
 
+    def context_length(self) -> int | None:
+        return (self.info() or {}).get("context_length")
+
+    def prompt_tokens(self, prompt: Any) -> int | None:
+        """Tokens the engine makes of ``prompt`` (text or messages); None when unknown
+        (no model, empty prompt, a model without a chat template for messages)."""
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        try:
+            return len(tokenizer.encode_prompt(prompt))
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    def decode(self, ids: list[int]) -> str:
+        """Several ids decoded together: a character split over byte-level tokens comes out
+        whole (special tokens as nothing)."""
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        if tokenizer is None:
+            return "".join(self.token_text(ids))
+        return tokenizer.decode([int(t) for t in ids])
+
     def swap(self, engine: Any) -> Any:
         """Make ``engine`` the UI's engine; returns the previous one (caller shuts it down)."""
         with self._lock:
@@ -156,6 +177,21 @@ class EngineSlot:
         return self._ar, ""
 
 
+def error_message(exc: BaseException) -> str:
+    return str(getattr(exc, "message", None) or exc)
+
+
+def with_error_frame(run: Iterator[Any], on_error: Callable[[str], Any]) -> Iterator[Any]:
+    """Pass ``run``'s updates on; if it fails with a user error, first show
+    ``on_error(message)`` (the canvas cleared, status "error", the message under it), then
+    raise the toast. Without that frame a refused run kept its masks and "running"."""
+    try:
+        yield from run
+    except gr.Error as exc:
+        yield on_error(error_message(exc))
+        raise
+
+
 def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "anonymous"
 
@@ -179,8 +215,9 @@ def paced(frames: Iterator[Trajectory], interval: float) -> Iterator[Trajectory]
 
 def follow(slot: EngineSlot, session: str, engine: Any,
            start: Callable[[str], Iterator[Any]], traj: Trajectory) -> Iterator[Trajectory]:
-    """Run one engine stream into ``traj``, yielding it after every StepEvent and at the end,
-    paced to ``slot.frame_interval``.
+    """Run one engine stream into ``traj``, yielding it once the engine accepted the request
+    (nothing committed yet), after every StepEvent and at the end, paced to
+    ``slot.frame_interval``.
 
     ``start(request_id)`` opens the stream. If the consumer stops early (Stop button, closed
     tab), the engine request is aborted and the stream closed, so the engine is free again.
@@ -194,12 +231,14 @@ def _follow(slot: EngineSlot, session: str, engine: Any,
     done = False
     try:
         with user_errors(), closing(start(rid)) as events:
-            for item in events:
+            first = next(events, None)   # validation and admission errors surface here,
+            yield traj                   # before the first (all masked) frame is painted
+            for item in itertools.chain([first] if first is not None else [], events):
                 if isinstance(item, GenerationResult):
                     traj.finish(item)
                     done = True
                 else:
-                    traj.add(item, slot.token_text)
+                    traj.add(item, slot.token_text, slot.decode)
                 yield traj
     finally:
         if not done:

@@ -13,8 +13,9 @@ import gradio as gr
 from celeris import split_infill
 from celeris.params import DECODINGS
 
-from . import render, widgets
-from .context import EngineSlot, follow, session_of, user_error, user_errors
+from . import bounds, render, widgets
+from .context import (EngineSlot, follow, session_of, user_error, user_errors,
+                      with_error_frame)
 from .examples import examples
 from .playground import make_stop_gauges
 from .trajectory import Trajectory
@@ -23,38 +24,59 @@ MARKER = "[MASK]"
 DEFAULT_SPAN = 1        # tokens per [MASK]: the shipped model's story words are one token each
 
 
+LONE = (f"There is nothing around the {MARKER} to fill from: write some words before or "
+        f"after it, e.g. \"Once upon a time, there was a {MARKER} named Tom.\"")
+NOTHING = (f"The model filled every {MARKER} with end of text, so nothing was added. Give "
+           f"it more words around each {MARKER} (the tiny model fills one story word best).")
+
+
 def check_infill_text(text: str) -> str:
     if not isinstance(text, str) or MARKER not in text:
         raise user_error(f"Put at least one {MARKER} where the model should write.",
                          "Nothing to fill")
+    if not text.replace(MARKER, "").strip():
+        raise user_error(LONE, "Nothing to fill from")
     return text
 
 
 def infill_frame(traj: Trajectory, prefix: str, slot: EngineSlot) -> tuple[Any, ...]:
-    state = "running"
+    """Canvas, filled text (pinned runs decoded whole), gauges (filled tokens only), note."""
+    state, note = "running", ""
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
+        note = NOTHING if state == "done" and not traj.filled_tokens() else ""
     return (render.canvas_cells(traj, live=not traj.finished),
-            prefix + render.canvas_text(traj), render.trajectory_gauges(traj, slot.info(), state))
+            prefix + render.spans_text(traj, slot.decode),
+            render.trajectory_gauges(traj, slot.info(), state), note)
+
+
+def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
+    return [], "", render.error_gauges(slot.info()), render.error_markdown(why)
 
 
 def make_fill(slot: EngineSlot):
     @slot.gpu
     def fill(text: str, span: float, decoding: str, request: gr.Request
              ) -> Iterator[tuple[Any, ...]]:
-        """Fill the [MASK] spans of ``text``; yields (canvas cells, filled text, gauges)."""
-        engine = slot.require()
-        text = check_infill_text(text)
-        with user_errors():
-            params = engine.default_params().replace(decoding=decoding)
-        prefix = split_infill(text, MARKER)[0]
-        traj = Trajectory(0, params.block_length, prompt=text, params=params.to_dict())
-        start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
-                                                 marker=MARKER, request_id=rid)
-        yield [], "", render.gauges(info=slot.info(), state="running")
-        for traj in follow(slot, session_of(request), engine, start, traj):
-            yield infill_frame(traj, prefix, slot)
+        """Fill the [MASK] spans of ``text``; yields (canvas cells, filled text, gauges,
+        note)."""
+        yield from with_error_frame(_fill(slot, text, span, decoding, request),
+                                    lambda why: error_frame(why, slot))
     return fill
+
+
+def _fill(slot: EngineSlot, text: str, span: float, decoding: str, request: gr.Request
+          ) -> Iterator[tuple[Any, ...]]:
+    engine = slot.require()
+    text = check_infill_text(text)
+    with user_errors():
+        params = engine.default_params().replace(decoding=decoding)
+    prefix = split_infill(text, MARKER)[0]
+    traj = Trajectory(0, params.block_length, prompt=text, params=params.to_dict())
+    start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
+                                             marker=MARKER, request_id=rid)
+    for traj in follow(slot, session_of(request), engine, start, traj):
+        yield infill_frame(traj, prefix, slot)
 
 
 def create_ui(slot: EngineSlot) -> None:
@@ -79,10 +101,12 @@ def create_ui(slot: EngineSlot) -> None:
         gauge = widgets.gauges("infill-gauges")
         filled = gr.Textbox(label="filled text", lines=3, interactive=False,
                             elem_id="infill-result")
+        note = gr.Markdown(elem_id="infill-note")
         if samples:
             gr.Examples([[s] for s in samples], [text], label="examples")
-    event = go.click(make_fill(slot), [text, span, decoding], [canvas, filled, gauge],
+    event = go.click(make_fill(slot), [text, span, decoding], [canvas, filled, gauge, note],
                      api_name="infill", concurrency_id="engine",
                      concurrency_limit=slot.concurrency, show_progress="hidden")
     stop.click(make_stop_gauges(slot), gauge, gauge, cancels=[event], queue=False,
                api_visibility="private")
+    bounds.warn_out_of_range(span, "tokens per [MASK]")

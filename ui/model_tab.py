@@ -5,19 +5,31 @@ from __future__ import annotations
 
 import gradio as gr
 
+from celeris import CelerisError
+
 from . import render
-from .context import EngineSlot, user_error, user_errors
+from .context import EngineSlot
+
+
+def load_failed(why: str) -> tuple[object, str]:
+    """A failed load: the reason in the status line under the form and as a warning toast.
+    Raising instead put Gradio's "Error" pill over the model table."""
+    gr.Warning(why, title="Model not loaded")
+    return gr.skip(), f"**Could not load the model:** {render.escape_text(why)}"
 
 
 def make_load(slot: EngineSlot):
-    def load(path: str, device: str, dtype: str, progress=gr.Progress()) -> tuple[str, str]:
+    def load(path: str, device: str, dtype: str, progress=gr.Progress()) -> tuple[object, str]:
         """Load a local model directory and make it the UI's engine."""
         path = (path or "").strip()
         if not path:
-            raise user_error("Enter the path of a local model directory.", "No path")
+            return load_failed("Enter the path of a local model directory.")
         progress(0.1, desc=f"loading {path}")
-        with user_errors():
+        try:
             engine = slot.load(path, device=device, dtype=dtype)
+        except Exception as exc:   # any reason a directory does not load is the user's to see
+            return load_failed(f"{exc}" if isinstance(exc, (CelerisError, ValueError, OSError))
+                               else f"{type(exc).__name__}: {exc}")
         progress(0.9, desc="switching the playground to the new model")
         old = slot.swap(engine)
         if old is not None and old is not engine and old is not slot.primary:
@@ -50,4 +62,4 @@ def create_ui(slot: EngineSlot) -> None:
     for trigger in (tab.select, refresh.click):
         trigger(show, None, info, queue=False, api_visibility="private")
     load.click(make_load(slot), [path, device, dtype], [info, status], api_visibility="private",
-               concurrency_id="load", concurrency_limit=1)
+               concurrency_id="load", concurrency_limit=1, show_progress_on=status)

@@ -16,8 +16,9 @@ import gradio as gr
 
 from celeris.params import GenerationParams
 
-from . import charts, render, widgets
-from .context import EngineSlot, follow, session_of, user_error, user_errors
+from . import bounds, charts, render, widgets
+from .context import (EngineSlot, follow, session_of, user_error, user_errors,
+                      with_error_frame)
 from .examples import examples
 from .settings import build_params, preset_values
 from .trajectory import Trajectory
@@ -39,6 +40,9 @@ def params_from(slot: EngineSlot, values: tuple[Any, ...]) -> GenerationParams:
 
 def frame(traj: Trajectory, slot: EngineSlot) -> tuple[Any, ...]:
     """One streaming update: canvas cells, answer text, gauges (summary and state skipped)."""
+    if not traj.steps and not traj.finished:     # accepted, nothing committed yet
+        return (render.masked_cells(traj.gen_length, traj.block_length), "",
+                render.gauges(info=slot.info(), state="running"), "", gr.skip())
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
         return (render.canvas_cells(traj), traj.text_at(), render.trajectory_gauges(
@@ -54,19 +58,30 @@ def make_generate(slot: EngineSlot):
                  remasking: str, cache: str, seed: float, request: gr.Request
                  ) -> Iterator[tuple[Any, ...]]:
         """Generate with live denoising steps: yields (canvas cells, text, gauges, summary)
-        after every step."""
-        engine = slot.require()
-        params = params_from(slot, (steps, temperature, gen_length, block_length, threshold,
-                                    decoding, remasking, cache, seed))
-        message = prompt_input(prompt, as_chat)
-        traj = Trajectory(params.gen_length, params.block_length, prompt=prompt,
-                          params=params.to_dict())
-        yield (render.masked_cells(params.gen_length, params.block_length), "",
-               render.gauges(info=slot.info(), state="running"), "", gr.skip())
-        start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
-        for traj in follow(slot, session_of(request), engine, start, traj):
-            yield frame(traj, slot)
+        after every step; a refused run shows status "error" and says why."""
+        settings = (steps, temperature, gen_length, block_length, threshold, decoding,
+                    remasking, cache, seed)
+        yield from with_error_frame(_run(slot, prompt, as_chat, settings, request),
+                                    lambda why: error_frame(why, slot))
     return generate
+
+
+def _run(slot: EngineSlot, prompt: str, as_chat: bool, settings: tuple[Any, ...],
+         request: gr.Request) -> Iterator[tuple[Any, ...]]:
+    engine = slot.require()
+    params = params_from(slot, settings)
+    message = prompt_input(prompt, as_chat)
+    traj = Trajectory(params.gen_length, params.block_length, prompt=prompt,
+                      params=params.to_dict())
+    start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
+    for traj in follow(slot, session_of(request), engine, start, traj):
+        yield frame(traj, slot)
+
+
+def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
+    """A refused run: no canvas, status "error", the reason under the canvas."""
+    return [], "", render.error_gauges(slot.info()), render.error_markdown(why), \
+        gr.skip()
 
 
 def make_stop(slot: EngineSlot):
@@ -116,19 +131,25 @@ def replay_at(data: dict[str, Any] | None, step: float) -> tuple[Any, str]:
 
 
 def _replay_section() -> dict[str, Any]:
-    with gr.Accordion("Replay and charts", open=False, elem_id="pg-replay"):
+    """Replay right under the answer (open: a collapsed section at the page's foot went
+    unseen); the charts of the same run below the whole row."""
+    with gr.Accordion("Replay: step through the last run", open=True, elem_id="pg-replay"):
         out = {"scrub": gr.Slider(0, 1, value=0, step=1, label="replay: step",
                                   elem_id="pg-scrub"),
                "caption": gr.Markdown("Run a generation first.", elem_id="pg-caption"),
                "canvas": widgets.canvas("pg-replay-canvas", "After a run, drag the slider "
-                                        "to show any step again.")}
+                                        "to show any step again."),
+               "download": gr.DownloadButton("Download trajectory (JSON)", interactive=False,
+                                             elem_id="pg-download")}
+    return out
+
+
+def _charts_section(out: dict[str, Any]) -> None:
+    with gr.Accordion("Charts of the last run", open=True, elem_id="pg-charts"):
         with gr.Row():
             out["commits"] = gr.Plot(label="tokens committed per step", elem_id="pg-commits")
             out["conf"] = gr.Plot(label="confidence", elem_id="pg-confidence")
         out["heat"] = gr.Plot(label="unmask order", elem_id="pg-heatmap")
-        out["download"] = gr.DownloadButton("Download trajectory (JSON)", interactive=False,
-                                            elem_id="pg-download")
-    return out
 
 
 def _prompt_column() -> dict[str, Any]:
@@ -146,6 +167,7 @@ def _prompt_column() -> dict[str, Any]:
     parts["answer"] = gr.Textbox(label="answer (committed prefix)", lines=3, interactive=False,
                               elem_id="pg-answer")
     parts["summary"] = gr.Markdown(elem_id="pg-summary")
+    parts["replay"] = _replay_section()
     if prompts:
         gr.Examples([list(p) for p in prompts], [parts["prompt"], parts["as_chat"]],
                     label="example prompts")
@@ -154,16 +176,22 @@ def _prompt_column() -> dict[str, Any]:
 
 def create_ui(slot: EngineSlot) -> None:
     defaults = slot.engine.default_params() if slot.engine else GenerationParams()
-    with gr.Tab("Playground", id="playground"):
+    with gr.Tab("Playground", id="playground") as tab:
         with gr.Row():
             with gr.Column(scale=3):
                 parts = _prompt_column()
             with gr.Column(scale=2):
                 preset = widgets.preset_radio("pg-preset")
-                controls = widgets.generation_controls(defaults, "pg")
+                controls = widgets.generation_controls(defaults, "pg",
+                                                       bounds.gen_bounds(slot, None))
         traj_state = gr.State(None)
-        replay = _replay_section()
+        replay = parts.pop("replay")
+        _charts_section(replay)
     _wire(slot, parts, preset, controls, traj_state, replay)
+    bounds.wire_controls(slot, parts["prompt"], parts["as_chat"], controls)
+    tab.select(lambda text, chat, value: bounds.gen_slider(bounds.gen_bounds(  # another model
+        slot, bounds.prompt_message(text, chat)), value),
+        [parts["prompt"], parts["as_chat"], controls[2]], controls[2], **bounds.QUIET)
 
 
 def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: list[Any],

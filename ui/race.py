@@ -17,20 +17,21 @@ import gradio as gr
 
 from celeris.params import GenerationParams
 
-from . import render, widgets
-from .context import EngineSlot, follow, session_of, user_errors
+from . import bounds, limits, render, widgets
+from .context import EngineSlot, follow, session_of, user_errors, with_error_frame
 from .examples import examples
-from .playground import make_stop, prompt_input
+from .playground import prompt_input
 from .trajectory import Trajectory
 
 STATS_TEMPLATE = (
     '<div class="race-stats" data-state="{{value.state}}">'
-    '<div class="gauge" data-g="tps"><b>{{value.tps}}</b><span>tokens/s</span></div>'
+    '<div class="gauge" data-g="tps"><b>{{value.tps}}</b><span>{{value.tps_label}}</span></div>'
     '<div class="gauge" data-g="nfe"><b>{{value.nfe}}</b><span>NFE</span></div>'
     '<div class="gauge" data-g="elapsed"><b>{{value.elapsed}}</b>'
     '<span>elapsed · {{value.state}}</span>'
     '</div></div>')
 TEXT_TEMPLATE = '<div class="race-text">{{{value}}}</div>'
+STOPPED = "Stopped."
 COLUMNS = (("ref", "Reference sampler", "decoding fixed · one token per step · no cache"),
            ("fast", "Fast configuration", "threshold decoding · prefix KV cache"),
            ("ar", "Autoregressive twin", "same data, transformers generate() + KV cache"))
@@ -39,30 +40,40 @@ COLUMNS = (("ref", "Reference sampler", "decoding fixed · one token per step ·
 def race_params(base: GenerationParams, gen_length: int, block_length: int,
                 threshold: float) -> tuple[GenerationParams, GenerationParams]:
     """(reference, fast) settings over the model's defaults."""
-    common = dict(gen_length=int(gen_length), block_length=int(block_length), steps=None)
     with user_errors():
+        common = dict(gen_length=int(float(gen_length)), block_length=int(float(block_length)),
+                      steps=None)
         ref = base.replace(decoding="fixed", cache="none", **common)
         fast = base.replace(decoding="threshold", threshold=float(threshold), cache="prefix",
                             **common)
     return ref, fast
 
 
-def stats(tokens: int = 0, nfe: int = 0, elapsed: float = 0.0, state: str = "waiting"
-          ) -> dict[str, str]:
+def stats(tokens: int = 0, nfe: int = 0, elapsed: float = 0.0, state: str = "waiting",
+          unit: str = "tokens") -> dict[str, str]:
     tps = tokens / elapsed if elapsed > 0 else 0.0
     return {"tps": f"{tps:.1f}", "nfe": str(nfe), "elapsed": f"{elapsed:.2f} s",
-            "state": state, "tokens": str(tokens)}
+            "state": state, "tokens": str(tokens), "tps_label": f"{unit}/s"}
+
+
+def stopped(column: dict[str, str] | None) -> dict[str, str]:
+    """A column after Stop: a run that had not finished says "stopped"."""
+    out = dict(column or stats())
+    if out.get("state") in ("waiting", "running"):
+        out["state"] = "stopped"
+    return out
 
 
 def traj_stats(traj: Trajectory) -> dict[str, str]:
     if traj.result is not None:
         r = traj.result
-        out = stats(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], "done")
+        done = "stopped" if r["finish_reason"] == "abort" else "done"
+        out = stats(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], done)
         out["tps"] = f"{r['tokens_per_s']:.1f}"
         return out
-    last = traj.steps[-1] if traj.steps else None
-    return stats(traj.answer_tokens(), last.nfe if last else 0,
-                 last.elapsed if last else 0.0, "running")
+    last = traj.steps[-1] if traj.steps else None   # live: positions committed so far
+    return stats(len(traj.commit_steps()), last.nfe if last else 0,
+                 last.elapsed if last else 0.0, "running", unit="positions")
 
 
 def race_summary(results: dict[str, dict[str, str]]) -> str:
@@ -81,32 +92,56 @@ def race_summary(results: dict[str, dict[str, str]]) -> str:
     return " · ".join(lines)
 
 
+def make_race_stop(slot: EngineSlot):
+    """Stop: abort the running request and mark every unfinished column "stopped" (the
+    cancelled race sends no further update of its own)."""
+    def stop(ref: dict, fast: dict, ar: dict, request: gr.Request) -> list[Any]:
+        slot.abort(session_of(request))
+        return [stopped(ref), stopped(fast), stopped(ar), STOPPED]
+    return stop
+
+
 def make_race(slot: EngineSlot):
     @slot.gpu
     def race(prompt: str, as_chat: bool, gen_length: float, block_length: float,
              threshold: float, request: gr.Request) -> Iterator[list[Any]]:
         """Run reference, fast and autoregressive one after another; yields 7 outputs."""
-        engine = slot.require()
-        message = prompt_input(prompt, as_chat)
-        ref, fast = race_params(engine.default_params(), gen_length, block_length, threshold)
-        results: dict[str, dict[str, str]] = {}
-        latest = [[], stats(), [], stats(), "", stats(), "Racing..."]   # resent whole: the
-        yield list(latest)                                                # diff is tiny
-        for i, params in enumerate((ref, fast)):
-            traj = Trajectory(params.gen_length, params.block_length, params=params.to_dict())
-            start = lambda rid, p=params: engine.stream(message, p, request_id=rid)  # noqa
-            for traj in follow(slot, session_of(request), engine, start, traj):
-                latest[2 * i:2 * i + 2] = [render.canvas_cells(traj, live=True),
-                                           traj_stats(traj)]
-                yield list(latest)
-            results[COLUMNS[i][0]] = traj_stats(traj)
-        for text, st in run_ar(slot, message, int(gen_length)):
-            latest[4:6] = [text, st]
-            yield list(latest)
-            results["ar"] = st
-        latest[6] = race_summary(results) or "Done."
-        yield list(latest)
+        run = _race(slot, prompt, as_chat, gen_length, block_length, threshold, request)
+        yield from with_error_frame(run, error_columns)
     return race
+
+
+def error_columns(why: str) -> list[Any]:
+    return [[], stats(state="error"), [], stats(state="error"), "", stats(state="error"),
+            render.error_markdown(why)]
+
+
+def _race(slot: EngineSlot, prompt: str, as_chat: bool, gen_length: float,
+          block_length: float, threshold: float, request: gr.Request) -> Iterator[list[Any]]:
+    engine = slot.require()
+    message = prompt_input(prompt, as_chat)
+    ref, fast = race_params(engine.default_params(), gen_length, block_length, threshold)
+    results: dict[str, dict[str, str]] = {}
+    latest = [[], stats(), [], stats(), "", stats(), "Racing..."]   # resent whole: the
+    yield list(latest)                                                # diff is tiny
+    for i, params in enumerate((ref, fast)):
+        traj = Trajectory(params.gen_length, params.block_length, params=params.to_dict())
+        start = lambda rid, p=params: engine.stream(message, p, request_id=rid)  # noqa
+        for traj in follow(slot, session_of(request), engine, start, traj):
+            latest[2 * i:2 * i + 2] = [render.canvas_cells(traj, live=True), traj_stats(traj)]
+            yield list(latest)
+        if traj.result and traj.result["finish_reason"] == "abort":   # Stop: end the race
+            latest[1:6:2] = [stopped(c) for c in latest[1:6:2]]
+            latest[6] = STOPPED
+            yield list(latest)
+            return
+        results[COLUMNS[i][0]] = traj_stats(traj)
+    for text, st in run_ar(slot, message, int(gen_length)):
+        latest[4:6] = [text, st]
+        yield list(latest)
+        results["ar"] = st
+    latest[6] = race_summary(results) or "Done."
+    yield list(latest)
 
 
 def run_ar(slot: EngineSlot, message: Any, max_new_tokens: int) -> Iterator[tuple[str, dict]]:
@@ -149,10 +184,15 @@ def create_ui(slot: EngineSlot) -> None:
                                 elem_id="race-prompt")
             as_chat = gr.Checkbox(True, label="chat message", scale=1)
         with gr.Row():
-            gen_length = gr.Slider(8, 512, value=base.gen_length, step=8, label="gen length",
-                                   elem_id="race-gen-length")
-            block_length = gr.Slider(4, 256, value=base.block_length, step=4,
-                                     label="block length", elem_id="race-block-length")
+            gen = bounds.gen_bounds(slot, None)   # the prompt's share: on load (ui/bounds)
+            gen_length = gr.Slider(gen.lo, gen.hi, value=min(base.gen_length, gen.hi),
+                                   step=limits.GEN_MIN, label="gen length",
+                                   info=widgets.gen_info(gen), elem_id="race-gen-length")
+            block_length = gr.Dropdown(
+                limits.block_choices(gen_length.value),
+                value=limits.fit_block(base.block_length, gen_length.value),
+                label="block length", info="divides gen length", allow_custom_value=True,
+                elem_id="race-block-length")
             threshold = gr.Slider(0.05, 1.0, value=base.threshold, step=0.01,
                                   label="fast: threshold", elem_id="race-threshold")
         with gr.Row():
@@ -165,5 +205,9 @@ def create_ui(slot: EngineSlot) -> None:
                      outputs + [summary], api_name="race", concurrency_id="engine",
                      concurrency_limit=slot.concurrency,
                      show_progress="hidden")
-    stop.click(make_stop(slot), None, None, cancels=[event], queue=False,
-               api_visibility="private")
+    stop.click(make_race_stop(slot), outputs[1::2], outputs[1::2] + [summary],
+               cancels=[event], queue=False, api_visibility="private")
+    bounds.wire_gen_length(slot, prompt, as_chat, gen_length)
+    bounds.warn_out_of_range(threshold, "threshold")
+    gen_length.change(bounds.block_dropdown, [gen_length, block_length], block_length,
+                      **bounds.QUIET)

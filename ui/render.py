@@ -12,7 +12,7 @@ import html
 import math
 from typing import Any, Iterable, Sequence
 
-from .trajectory import MASK, NEW, OLD, PINNED, SKIPPED, Trajectory
+from .trajectory import FRAGMENT, MASK, NEW, OLD, PINNED, SKIPPED, Decode, Trajectory
 
 MASK_GLYPH = "\u2591\u2591"      # light shade: a position still masked
 END_GLYPH = "\u2205"             # empty set: an end-of-text / special token
@@ -26,6 +26,11 @@ def escape_text(text: str) -> str:
     syntax all shown literally)."""
     out = html.escape(str(text), quote=True)
     return "".join(_TEMPLATE_ESCAPES.get(ch, ch) for ch in out)
+
+
+def error_markdown(why: str) -> str:
+    """A refused run's reason for a Markdown line (tags shown as text, quotes kept)."""
+    return f"**error** · {html.escape(str(why), quote=False)}"
 
 
 def token_label(text: str) -> str:
@@ -61,6 +66,8 @@ def cell(kind: str, text: str, conf: float | None, pos: int, block_length: int,
         b += " act"
     label = {MASK: MASK_GLYPH, SKIPPED: SKIP_GLYPH}.get(kind) or token_label(text)
     k = kind + (" end" if kind in (NEW, OLD, PINNED) and text == "" else "")
+    if text == FRAGMENT:    # part of a character: the next cell shows it whole
+        label, k = "", kind + " frag"
     level = confidence_level(conf) if kind in (NEW, OLD) else 1.0
     hover = f"position {pos}, block {block}"
     if conf is not None and kind in (NEW, OLD):
@@ -89,8 +96,26 @@ def masked_cells(gen_length: int, block_length: int) -> list[str]:
 
 def canvas_text(traj: Trajectory, step: int | None = None) -> str:
     """The canvas as plain text: pinned and committed tokens, masks as a shade glyph."""
-    return "".join(MASK_GLYPH if kind == MASK else text
+    return "".join(MASK_GLYPH if kind == MASK else text.replace(FRAGMENT, "")
                    for kind, text, _ in traj.state_at(step) if kind != SKIPPED)
+
+
+def spans_text(traj: Trajectory, decode: Decode) -> str:
+    """The canvas as text, every run of known tokens decoded together (so characters split
+    over byte-level tokens come out whole); masks as a shade glyph, nothing once finished."""
+    out: list[str] = []
+    run: list[int] = []
+    for tok in traj.canvas_ids():
+        if tok is not None:
+            run.append(tok)
+            continue
+        if run:
+            out.append(decode(run))
+            run = []
+        out.append("" if traj.finished else MASK_GLYPH)
+    if run:
+        out.append(decode(run))
+    return "".join(out)
 
 
 def canvas_summary(cells: Iterable[str]) -> dict[str, int]:
@@ -122,27 +147,38 @@ def memory_gauge(info: dict[str, Any] | None) -> tuple[str, str]:
 
 def gauges(tokens: int = 0, nfe: int = 0, elapsed: float = 0.0,
            info: dict[str, Any] | None = None, state: str = "idle",
-           tokens_per_s: float | None = None) -> dict[str, str]:
+           tokens_per_s: float | None = None, unit: str = "tokens") -> dict[str, str]:
     """Gauge tiles: tokens/s, tokens per forward, NFE, elapsed, memory (strings, diffable).
 
     tokens_per_s overrides tokens/elapsed with the engine's own figure once a run is done.
+    ``unit`` names what was counted (the tiles' labels say it).
     """
     tps = tokens_per_s if tokens_per_s is not None else (tokens / elapsed if elapsed > 0 else 0.0)
     mem, mem_label = memory_gauge(info)
     return {"tps": f"{tps:.1f}", "tpf": f"{tokens / nfe:.2f}" if nfe else "0.00",
             "nfe": str(nfe), "elapsed": f"{elapsed:.2f} s", "mem": mem, "mem_label": mem_label,
-            "state": state}
+            "state": state, "tps_label": f"{unit}/s", "tpf_label": f"{unit} / forward"}
+
+
+def error_gauges(info: dict[str, Any] | None = None) -> dict[str, str]:
+    return gauges(info=info, state="error")
 
 
 def trajectory_gauges(traj: Trajectory, info: dict[str, Any] | None, state: str
                       ) -> dict[str, str]:
+    """Finished: generated tokens before the first EOS per second of the request (for an
+    infill: the filled positions only, never the pinned text). Live: how many positions the
+    run has committed so far, EOS included, labelled so; a short task commits its end of
+    text first and its few answer tokens last, so counting answer tokens live read 0.0."""
     if traj.result is not None:
         r = traj.result
+        if traj.pinned:
+            return gauges(traj.filled_tokens(), r["nfe"], r["elapsed_s"], info, state)
         return gauges(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], info, state,
                       tokens_per_s=r["tokens_per_s"])
     last = traj.steps[-1] if traj.steps else None
-    return gauges(traj.answer_tokens(), last.nfe if last else 0,
-                  last.elapsed if last else 0.0, info, state)
+    return gauges(len(traj.commit_steps()), last.nfe if last else 0,
+                  last.elapsed if last else 0.0, info, state, unit="positions")
 
 
 # ---------------------------------------------------------------------- small text blocks

@@ -13,6 +13,8 @@ from typing import Any, Callable, Sequence
 from celeris.outputs import GenerationResult, StepEvent
 
 TokenText = Callable[[Sequence[int]], list[str]]   # ids -> one display string per id
+Decode = Callable[[Sequence[int]], str]              # ids -> their text, decoded together
+FRAGMENT = "\u2060"   # a token holding only part of a character: its text shows on the next
 
 # Kinds of canvas positions (the CSS classes of the canvas cells).
 MASK, NEW, OLD, PINNED, SKIPPED = "mask", "new", "old", "pin", "skip"
@@ -44,23 +46,31 @@ class Trajectory:
     result: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ recording
-    def add(self, ev: StepEvent, token_text: TokenText) -> None:
-        """Record one StepEvent; the first one also fixes the canvas geometry and pins."""
+    def add(self, ev: StepEvent, token_text: TokenText, decode: Decode | None = None) -> None:
+        """Record one StepEvent; the first one also fixes the canvas geometry and pins.
+        ``decode`` (ids decoded together) spells pinned runs whole, so that text outside
+        ASCII, split over several byte-level tokens, is not shown as broken pieces."""
         if not self.steps and self.mask_id < 0:
-            self._first_event(ev, token_text)
+            self._first_event(ev, token_text, decode)
         tokens = [ev.canvas[p] for p in ev.committed]
         for pos, s in zip(ev.committed, token_text(tokens)):
             self.strings[pos] = s
         self.steps.append(StepRecord(ev.step, ev.block, ev.nfe, ev.elapsed, list(ev.committed),
                                      list(ev.confidences), tokens, ev.text))
 
-    def _first_event(self, ev: StepEvent, token_text: TokenText) -> None:
+    def _first_event(self, ev: StepEvent, token_text: TokenText,
+                     decode: Decode | None) -> None:
         self.mask_id, self.request_id = ev.mask_id, ev.request_id
         self.gen_length, self.block_length = len(ev.canvas), ev.block_length
         fresh = set(ev.committed)
         self.pinned = {p: t for p, t in enumerate(ev.canvas) if t != ev.mask_id and p not in fresh}
-        for (pos, _), s in zip(self.pinned.items(), token_text(list(self.pinned.values()))):
-            self.strings[pos] = s
+        if decode is None:
+            for (pos, _), s in zip(self.pinned.items(), token_text(list(self.pinned.values()))):
+                self.strings[pos] = s
+            return
+        for run in runs(sorted(self.pinned)):
+            ids = [self.pinned[p] for p in run]
+            self.strings.update(zip(run, spell_whole(ids, decode, token_text)))
 
     def finish(self, result: GenerationResult) -> None:
         self.result = result.to_dict()
@@ -118,6 +128,18 @@ class Trajectory:
         found = [r for r in self.steps if r.step <= step]
         return found[-1] if found else None
 
+    def filled_tokens(self) -> int:
+        """Committed (never pinned) positions that hold text: what an infill generated."""
+        return sum(1 for kind, text, _ in self.state_at() if kind in (NEW, OLD) and text)
+
+    def canvas_ids(self) -> list[int | None]:
+        """The token id of every position as it stands now (None where still masked)."""
+        ids: list[int | None] = [self.pinned.get(p) for p in range(self.gen_length)]
+        for rec in self.steps:
+            for pos, tok in zip(rec.committed, rec.tokens):
+                ids[pos] = tok
+        return ids
+
     def answer_tokens(self, step: int | None = None) -> int:
         """Committed (non-pinned) positions before the first end-of-text cell (shown as "")."""
         count = 0
@@ -142,3 +164,34 @@ class Trajectory:
         data["strings"] = {int(k): v for k, v in data.get("strings", {}).items()}
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
         return cls(**data)
+
+
+def runs(positions: Sequence[int]) -> list[list[int]]:
+    """Sorted positions split into runs of consecutive ones."""
+    out: list[list[int]] = []
+    for p in positions:
+        if out and out[-1][-1] == p - 1:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def spell_whole(ids: Sequence[int], decode: Decode, token_text: TokenText) -> list[str]:
+    """One display string per token of a run. Tokens that decode alone are kept as they
+    are; where a token holds only part of a character (byte-level BPE: "\ufffd" alone),
+    the pieces are decoded together: the tokens before the last show FRAGMENT and the one
+    completing the character shows all of it."""
+    singles = token_text(list(ids))
+    if not any("\ufffd" in t for t in singles):
+        return singles
+    out: list[str] = []
+    start = 0   # the first token of the character being completed
+    for i in range(len(ids)):
+        text = decode(list(ids[start: i + 1]))
+        if text.endswith("\ufffd") and i + 1 < len(ids):
+            out.append(FRAGMENT)
+            continue
+        out.append(text)
+        start = i + 1
+    return out

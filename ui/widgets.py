@@ -11,7 +11,7 @@ import gradio as gr
 
 from celeris.params import GenerationParams
 
-from . import render
+from . import limits, render
 from .settings import CACHE_CHOICES, DECODING_CHOICES, PRESETS, REMASKING_CHOICES, widget_values
 
 # The canvas template is constant, so Gradio's own re-render is a no-op; CANVAS_JS paints the
@@ -40,7 +40,8 @@ paint();
 watch('value', paint);
 """
 
-GAUGE_TILES = (("tps", "tokens/s"), ("tpf", "tokens / forward"), ("nfe", "NFE"),
+# (key, label): a label in braces comes from the value (tokens/s once done, positions/s live)
+GAUGE_TILES = (("tps", "{{value.tps_label}}"), ("tpf", "{{value.tpf_label}}"), ("nfe", "NFE"),
                ("elapsed", "elapsed"))
 GAUGES_TEMPLATE = (
     '<div class="gauges" data-state="{{value.state}}">'
@@ -74,21 +75,27 @@ def legend() -> gr.HTML:
     return gr.HTML(LEGEND, js_on_load=None, apply_default_css=False)
 
 
-def generation_controls(defaults: GenerationParams, prefix: str) -> list[gr.components.Component]:
-    """The widgets for ui.settings.FIELDS, in that order, showing ``defaults``."""
+def generation_controls(defaults: GenerationParams, prefix: str,
+                        gen: limits.Bounds | None = None) -> list[gr.components.Component]:
+    """The widgets for ui.settings.FIELDS, in that order, showing ``defaults``; gen length
+    goes up to ``gen.hi`` (the context left after the prompt), steps up to gen length in
+    multiples of the blocks, and block length offers the divisors of gen length."""
     v = widget_values(defaults)
-    gen_max = max(1024, v["gen_length"])
+    gen = gen or limits.Bounds("gen length", limits.GEN_MIN, max(1024, v["gen_length"]))
+    gen_length = min(v["gen_length"], gen.hi)
+    block = limits.fit_block(v["block_length"], gen_length)
     return [
-        gr.Slider(0, gen_max, value=v["steps"], step=1, label="steps",
+        gr.Slider(0, gen_length, value=limits.fit_steps(v["steps"], gen_length, block),
+                  step=limits.steps_stride(gen_length, block), label="steps",
                   info="0 = one token per step; for threshold decoding: the cap",
                   elem_id=f"{prefix}-steps"),
         gr.Slider(0.0, 2.0, value=v["temperature"], step=0.05, label="temperature",
                   info="0 = greedy", elem_id=f"{prefix}-temperature"),
-        gr.Slider(8, gen_max, value=v["gen_length"], step=8, label="gen length",
-                  info="answer canvas length in tokens", elem_id=f"{prefix}-gen-length"),
-        gr.Slider(1, 512, value=v["block_length"], step=1, label="block length",
-                  info="semi-autoregressive block; must divide gen length; 1 = left to right",
-                  elem_id=f"{prefix}-block-length"),
+        gr.Slider(gen.lo, gen.hi, value=gen_length, step=limits.GEN_MIN, label="gen length",
+                  info=gen_info(gen), elem_id=f"{prefix}-gen-length"),
+        gr.Dropdown(limits.block_choices(gen_length), value=block, label="block length",
+                    info="semi-autoregressive block (divides gen length); 1 = left to right",
+                    allow_custom_value=True, elem_id=f"{prefix}-block-length"),
         gr.Slider(0.05, 1.0, value=v["threshold"], step=0.01, label="threshold",
                   info="confidence needed to commit (threshold decoding)",
                   elem_id=f"{prefix}-threshold"),
@@ -101,6 +108,11 @@ def generation_controls(defaults: GenerationParams, prefix: str) -> list[gr.comp
         gr.Number(value=v["seed"], precision=0, label="seed", info="-1 = random",
                   elem_id=f"{prefix}-seed"),
     ]
+
+
+def gen_info(gen: limits.Bounds) -> str:
+    why = f" ({gen.why})" if gen.why else ""
+    return f"answer canvas length in tokens; at most {gen.hi}{why}"
 
 
 def preset_radio(elem_id: str) -> gr.Radio:

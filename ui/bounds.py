@@ -1,0 +1,120 @@
+"""Sliders that follow the loaded model (the Gradio side of ui/limits.py).
+
+gen length follows the prompt (context - prompt tokens), steps and block length follow gen
+length, and a value typed outside a slider's range gets a message naming the field and the
+range (the browser then moves it to the nearest end) instead of a silent clamp.
+
+The handlers take raw values (``preprocess=False``): Gradio's own bounds check would refuse
+an out-of-range number with a message that names no field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gradio as gr
+
+from . import limits
+from .context import EngineSlot
+from .widgets import gen_info
+
+QUIET = dict(queue=False, api_visibility="private", show_progress="hidden",
+             preprocess=False)
+
+
+def _number(value: Any, default: int) -> int:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return default
+
+
+def gen_bounds(slot: EngineSlot, prompt: Any) -> limits.Bounds:
+    """gen length's range for ``prompt`` (text or messages) on the loaded model."""
+    context = slot.context_length()
+    if not context:
+        return limits.Bounds("gen length", limits.GEN_MIN, 1024)
+    return limits.gen_bounds(context, slot.prompt_tokens(prompt))
+
+
+def prompt_message(prompt: Any, as_chat: Any) -> Any:
+    if not isinstance(prompt, str) or not prompt.strip():
+        return None
+    return [{"role": "user", "content": prompt}] if as_chat else prompt
+
+
+def gen_slider(bounds: limits.Bounds, value: Any) -> gr.Slider:
+    fitted = min(max(_number(value, bounds.lo), bounds.lo), bounds.hi)
+    return gr.Slider(minimum=bounds.lo, maximum=bounds.hi, value=fitted, info=gen_info(bounds))
+
+
+def block_dropdown(gen_length: Any, block_length: Any) -> gr.Dropdown:
+    gen = max(_number(gen_length, limits.GEN_MIN), 1)
+    return gr.Dropdown(choices=limits.block_choices(gen),
+                       value=limits.fit_block(block_length, gen))
+
+
+def steps_slider(gen_length: Any, block_length: Any, steps: Any) -> gr.Slider:
+    gen = max(_number(gen_length, limits.GEN_MIN), 1)
+    block = limits.fit_block(block_length, gen)
+    return gr.Slider(minimum=0, maximum=gen, step=limits.steps_stride(gen, block),
+                     value=limits.fit_steps(steps, gen, block))
+
+
+def range_check(bounds_of: Callable[..., limits.Bounds]) -> Callable[..., None]:
+    """A release handler: a warning toast when the typed value is outside
+    ``bounds_of(*rest)`` (queued: only queued events deliver toasts)."""
+    def check(value: Any, *rest: Any) -> None:
+        message = bounds_of(*rest).check(value)
+        if message:
+            gr.Warning(message, title="Out of range")
+    return check
+
+
+CHECK = dict(QUIET, queue=True)
+
+
+def wire_gen_length(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
+                    gen_length: gr.Slider) -> None:
+    """gen length's top follows the prompt; a typed value outside gets a message.
+
+    The range is set on page load and on prompt changes (``gr.on`` without triggers), the
+    value only moved when the prompt grows past it: a handler that also ran on gen length's
+    own changes would clamp a typed value before its release could say so. The slider's
+    range as built stays context - 1 (the prompt unknown), which API callers are held to.
+    """
+    def bounds_of(text: Any, chat: Any) -> limits.Bounds:
+        return gen_bounds(slot, prompt_message(text, chat))
+
+    def follow(text: Any, chat: Any) -> gr.Slider:
+        b = bounds_of(text, chat)
+        return gr.Slider(minimum=b.lo, maximum=b.hi, info=gen_info(b))
+
+    def fit(text: Any, chat: Any, value: Any) -> Any:
+        b = bounds_of(text, chat)
+        return gr.skip() if b.check(value) is None else gen_slider(b, value)
+
+    gr.on(None, follow, [prompt, as_chat], gen_length, trigger_mode="always_last", **QUIET)
+    gr.on([prompt.change, as_chat.change], fit, [prompt, as_chat, gen_length], gen_length,
+          trigger_mode="always_last", **QUIET)
+    gen_length.release(range_check(bounds_of), [gen_length, prompt, as_chat], None, **CHECK)
+
+
+def wire_controls(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
+                  controls: list[Any]) -> None:
+    """The playground's controls (ui.settings.FIELDS order) follow the model and each other."""
+    steps, gen_length, block = controls[0], controls[2], controls[3]
+    wire_gen_length(slot, prompt, as_chat, gen_length)
+    gen_length.change(lambda g, b, s: (steps_slider(g, b, s), block_dropdown(g, b)),
+                      [gen_length, block, steps], [steps, block], **QUIET)
+    block.change(steps_slider, [gen_length, block, steps], steps, **QUIET)
+    steps.release(range_check(lambda g: limits.steps_bounds(_number(g, 0))),
+                  [steps, gen_length], None, **CHECK)
+    warn_out_of_range(controls[1], "temperature")
+    warn_out_of_range(controls[4], "threshold")
+
+
+def warn_out_of_range(slider: gr.Slider, name: str) -> None:
+    """A fixed-range slider: a typed value outside gets the same message as the others."""
+    fixed = limits.Bounds(name, slider.minimum, slider.maximum)
+    slider.release(range_check(lambda: fixed), slider, None, **CHECK)
