@@ -218,10 +218,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="score a model on the checkable tasks")
     p.add_argument("--model", default=None, help="model directory (default: shipped model)")
-    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar", "bd"),
-                   help="diffusion (full attention), ar (the twin) or bd (block diffusion)")
-    p.add_argument("--block-size", type=int, default=None, metavar="N",
-                   help="bd: the model's block size (default 8)")
+    p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"),
+                   help="diffusion (any diffusion model, block-causal too) or ar (the twin)")
     p.add_argument("--limit", type=int, default=None, help="examples per task")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from celeris.train.data import IGNORE, Batch, positions
+from celeris.train.objective import bf16_is_fast
 
 EPS = 1e-3
 
@@ -147,7 +148,8 @@ def block_eval_loss(model, sequences: list[list[int]], block_size: int, mask_id:
                       ids.shape[1])
         inputs = block_inputs(batch, block_size, mask_id, g)
         n = int((inputs.targets != IGNORE).sum())
-        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16):
+        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
+                            enabled=bf16_is_fast(device)):
             total += float(block_loss(model, inputs, device)) * n
         count += n
     if was_training:

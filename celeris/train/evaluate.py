@@ -103,7 +103,8 @@ def _eval_diffusion(model, overrides, sets, device, started, batch_size: int = C
         ml = objective.masked_eval_loss(
             model_obj, seqs, engine.tokenizer.special.mask, engine.tokenizer.special.pad,
             device=str(engine.device), skip_first=0 if hf.bos_token_id is None else 1,
-            autocast=next(model_obj.parameters()).dtype == torch.float32,
+            autocast=(next(model_obj.parameters()).dtype == torch.float32
+                      and objective.bf16_is_fast(str(engine.device))),
             batch_size=loss_batch_size)
         extra["masked_loss"] = ml["masked_loss"]
         extra["masked_loss_by_ratio"] = ml["by_ratio"]

@@ -147,25 +147,10 @@ def make_optimizer(model, tp: dict[str, Any]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=tp["lr"], betas=tuple(tp["betas"]), eps=1e-8)
 
 
-def bf16_is_fast(device: str) -> bool:
-    """bf16 autocast pays on GPUs and on CPUs with native bf16 (avx512_bf16, AMX); on a plain
-    AVX2 CPU it is emulated and ~10x slower than float32 (measured on an AVX2 EPYC VM).
-    CELERIS_TRAIN_BF16=0/1 overrides."""
-    forced = os.environ.get("CELERIS_TRAIN_BF16")
-    if forced in ("0", "1"):
-        return forced == "1"
-    if not device.startswith("cpu"):
-        return True
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def autocast_ctx(device: str):
     dev = device.split(":")[0]
-    return torch.autocast(device_type=dev, dtype=torch.bfloat16, enabled=bf16_is_fast(device))
+    return torch.autocast(device_type=dev, dtype=torch.bfloat16,
+                          enabled=objective.bf16_is_fast(device))
 
 
 # ----------------------------------------------------------------------------- losses
@@ -243,8 +228,10 @@ def eval_loss(model, kind: str, seqs: list[list[int]], device: str,
                                          tt.SPECIAL_IDS["pad"], device=device)
     if kind == "diffusion":
         return objective.masked_eval_loss(model, seqs, tt.SPECIAL_IDS["mask"],
-                                          tt.SPECIAL_IDS["pad"], device=device, skip_first=1)
-    return objective.ar_eval_loss(model, seqs, tt.SPECIAL_IDS["pad"], device=device)
+                                          tt.SPECIAL_IDS["pad"], device=device, skip_first=1,
+                                          autocast=objective.bf16_is_fast(device))
+    return objective.ar_eval_loss(model, seqs, tt.SPECIAL_IDS["pad"], device=device,
+                                  autocast=objective.bf16_is_fast(device))
 
 
 # ----------------------------------------------------------------------------- saving
