@@ -172,7 +172,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_space(args: argparse.Namespace) -> int:
-    return _dispatch("space", "celeris.space", args)
+    return _run("celeris.space", args)
 
 
 # ----------------------------------------------------------------------- parser

@@ -122,8 +122,8 @@ def test_invalid_settings_are_a_clear_error_and_the_app_keeps_working(client):
     from gradio_client.exceptions import AppError
 
     bad = list(SETTINGS)
-    bad[3] = 12        # block_length 12 does not divide gen_length 32
-    with pytest.raises(AppError, match="must be a multiple of block_length"):
+    bad[0] = 5         # steps 5 over the 4 blocks of 8 in gen_length 32
+    with pytest.raises(AppError, match="must be a multiple of the number of blocks"):
         client.predict(PROMPT, False, *bad, api_name="/generate")
     with pytest.raises(AppError, match="Type a prompt first"):
         client.predict("   ", False, *SETTINGS, api_name="/generate")

@@ -111,7 +111,10 @@ def test_gpu_script_runs_its_tiny_version_on_cpu(bench_run):
     sec = bench_run.suites["gpu"]
     plan = sec["settings"]["plan"]
     assert sec["settings"]["kernel_tests"]["status"] == "skipped"
-    assert len(sec["rows"]) == len(plan["batches"]) * 3 * 3
+    # full attention (none/prefix/dual) and the same weights block-causal (block/none, block/exact)
+    assert len(sec["rows"]) == len(plan["batches"]) * (3 + 2) * 3
+    assert {r["cache"] for r in sec["rows"]} == {"none", "prefix", "dual", "block/none",
+                                                  "block/exact"}
     for row in sec["rows"]:
         assert row["steps"] == plan["gen_length"] // row["tokens_per_forward"]
         assert row["tokens"] == row["batch"] * plan["gen_length"]
@@ -179,7 +182,7 @@ def test_best_config_is_the_fastest_within_two_points_of_the_reference():
 
 
 def test_length_plan_keeps_targets_that_fit_and_says_what_it_capped():
-    ctx = SimpleNamespace(block_length=32)
+    ctx = SimpleNamespace(block_length=32, block_length_for_model=lambda: 32)
     plan, notes = length_plan(ctx, prompt_len=30, context=4096)
     assert plan == [("short", 64), ("medium", 256), ("long", 1024)] and notes == []
     plan, notes = length_plan(ctx, prompt_len=30, context=512)

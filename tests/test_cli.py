@@ -226,7 +226,7 @@ def test_generate_chat_json(fake_engine, capsys):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--gen-length", "-3"], "gen_length"),
-    (["--gen-length", "40"], "block_length"),       # 40 is not a multiple of the default 16
+    (["--gen-length", "40", "--steps", "7"], "steps"),   # 3 blocks of 16: 7 is not a multiple
     (["--remasking", "bogus"], "remasking"),
     (["--model", "missing"], "model directory not found"),
 ])

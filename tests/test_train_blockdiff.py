@@ -45,7 +45,8 @@ def test_training_logits_equal_block_diffusion_inference_logits(lead_pad):
     with torch.no_grad():
         train_logits = model(inputs.ids, position_ids=inputs.positions, attn_mask=inputs.attn,
                              logits_index=inputs.index).logits[0]               # (N, V)
-    L = batch.input_ids.shape[1]
+    L = inputs.ids.shape[1] // 2            # trimmed after the last target
+    assert L == batch.input_ids.shape[1] - 2
     noisy, clean = inputs.ids[0, :L], inputs.ids[0, L:]
     pos = inputs.positions[0, :L]
     checked = 0
@@ -66,14 +67,20 @@ def test_training_logits_equal_block_diffusion_inference_logits(lead_pad):
 
 
 def test_prompt_stays_clean_and_positions_after_the_answer_are_always_masked():
-    batch = _batch()
-    inputs = blockdiff.block_inputs(batch, BS, MASK, torch.Generator().manual_seed(1))
-    L = batch.input_ids.shape[1]
-    noisy = inputs.ids[0, :L]
-    assert torch.equal(noisy[:3], batch.input_ids[0, :3])
-    assert (noisy[-2:] == MASK).all()
-    assert torch.equal(inputs.ids[0, L:], batch.input_ids[0])
+    one = _batch()
+    two = Batch(one.input_ids.repeat(2, 1), None, one.maskable.repeat(2, 1),
+                one.labels.repeat(2, 1), "task", one.length)
+    two.labels[1, -2:] = two.input_ids[1, -2:]      # row 1's answer is 2 tokens longer
+    inputs = blockdiff.block_inputs(two, BS, MASK, torch.Generator().manual_seed(1))
+    L = inputs.ids.shape[1] // 2
+    assert L == two.input_ids.shape[1]              # nothing to trim: row 1 needs every column
+    noisy = inputs.ids[:, :L]
+    assert torch.equal(noisy[:, :3], two.input_ids[:, :3])     # the prompt stays clean
+    assert (noisy[0, -2:] == MASK).all()             # row 0: after its answer, always masked
+    assert torch.equal(inputs.ids[:, L:], two.input_ids)
     assert 0 < inputs.masked_frac <= 1
+    short = blockdiff.trim_to_targets(one)
+    assert short.input_ids.shape[1] == one.input_ids.shape[1] - 2
 
 
 @pytest.mark.slow

@@ -206,9 +206,9 @@ def test_build_params_maps_widget_conventions():
 
 def test_build_params_invalid_combination_names_the_fields():
     base = GenerationParams()
-    with pytest.raises(ValueError, match=r"gen_length \(64\) must be a multiple of "
-                                         r"block_length \(12\)"):
-        build_params(base, [0, 0.0, 64, 12, 0.9, "fixed", "low_confidence", "none", 0])
+    with pytest.raises(ValueError, match=r"steps \(5\) must be a multiple of the number of "
+                                         r"blocks ceil\(gen_length/block_length\) = 4"):
+        build_params(base, [5, 0.0, 64, 16, 0.9, "fixed", "low_confidence", "none", 0])
     with pytest.raises(ValueError, match="decoding must be one of"):
         build_params(base, [0, 0.0, 64, 16, 0.9, "magic", "low_confidence", "none", 0])
     with pytest.raises(ValueError, match="expected 9 settings"):
