@@ -29,7 +29,7 @@ import torch
 
 from ..cache import SlotKVCache
 from .choose import RowKnobs
-from .denoise import SamplerRequest, SpecialTokens, StepOutput
+from .denoise import RowBatch, SamplerRequest, SpecialTokens, StepOutput
 from .policies import linear_schedule
 
 
@@ -149,7 +149,7 @@ class BlockRow:
         self._plan_sub_block()
 
 
-class BlockBatch:
+class BlockBatch(RowBatch):
     """Block-causal requests advanced one step (one forward) at a time; same interface as
     ``DenoiseBatch`` (add / remove / step)."""
 
@@ -161,13 +161,6 @@ class BlockBatch:
         self.block_size = model.config.block_size
         self.rows: list[BlockRow] = []
         self.forward_s = 0.0              # the last step's time inside the model forward
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def request_ids(self) -> list[str]:
-        return [r.req.request_id for r in self.rows]
 
     def add(self, requests: Sequence[SamplerRequest]) -> None:
         new = [BlockRow(r, self.special, self.block_size, self.device) for r in requests]

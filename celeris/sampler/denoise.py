@@ -159,7 +159,20 @@ class _Row:
             self.prefix += 1
 
 
-class DenoiseBatch:
+class RowBatch:
+    """What every batch kind shares: its rows, one per request (``row.req``)."""
+
+    rows: list
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def request_ids(self) -> list[str]:
+        return [r.req.request_id for r in self.rows]
+
+
+class DenoiseBatch(RowBatch):
     def __init__(self, model: MaskPredictor, special: SpecialTokens, device: torch.device,
                  cache: str = "none", shift: int = 0) -> None:
         """shift: 1 when the model reads position i's logits from position i-1 (Dream)."""
@@ -169,13 +182,6 @@ class DenoiseBatch:
         self.cache = cache
         self.forward_s = 0.0              # the last step's time inside the model forward
         self.x = torch.empty(0, 0, dtype=torch.long, device=device)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    @property
-    def request_ids(self) -> list[str]:
-        return [r.req.request_id for r in self.rows]
 
     # ------------------------------------------------------------ membership
     def add(self, requests: Sequence[SamplerRequest]) -> None:
