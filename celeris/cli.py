@@ -279,6 +279,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeats", type=int, default=None, help="repeats per length (5)")
     p.add_argument("--concurrency", default=None, metavar="LIST",
                    help="serve: concurrency levels (1,4,8,16,32)")
+    p.add_argument("--max-running", type=int, default=None, metavar="N",
+                   help="requests the engine denoises together (the engine's default, 8)")
     p.add_argument("--url", default=None, help="serve: a running server's base URL")
     p.add_argument("--api-key", default=None, help="serve: API key for --url")
     p.add_argument("--tiny", action="store_true", help="gpu: a tiny random config (CPU smoke)")

@@ -61,6 +61,7 @@ def context_from_args(args: argparse.Namespace) -> BenchContext:
                        block_length=get("block_length", 32), batch=get("batch", 1),
                        repeats=get("repeats", 5), concurrency=_levels(get("concurrency")),
                        url=get("url"), api_key=get("api_key"), tiny=bool(get("tiny", False)),
+                       max_running=get("max_running"),
                        progress=not get("no_progress", False))
     for name in ("n", "gen_length", "block_length", "batch", "repeats"):
         value = getattr(ctx, name)

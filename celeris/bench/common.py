@@ -45,6 +45,7 @@ class BenchContext:
     api_key: str | None = None
     tiny: bool = False
     progress: bool = True
+    max_running: int | None = None      # the engine's batch cap (None: EngineConfig's)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     _engine: Any = None
     _ar: Any = None
@@ -53,8 +54,9 @@ class BenchContext:
     def engine(self) -> Any:
         if self._engine is None:
             from celeris import Engine
+            extra = {} if self.max_running is None else {"max_running": self.max_running}
             self._engine = Engine.from_pretrained(self.model, device=self.device,
-                                                  dtype=self.dtype)
+                                                  dtype=self.dtype, **extra)
         return self._engine
 
     def ar_path(self) -> Path:
