@@ -54,6 +54,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     p.add_argument("--ar-model", default=None,
                    help="autoregressive twin for the Race tab (default models/celeris-tiny-ar)")
+    p.add_argument("--canvas-model", default=None,
+                   help="full-attention model the Race tab runs next to a block-diffusion one "
+                        "(default models/celeris-tiny)")
     p.add_argument("--share", action="store_true",
                    help="public share link (not available for the mounted app; see message)")
     p.add_argument("--require-key", action="store_true",
@@ -124,10 +127,12 @@ def build_api(engine: Any, api_key: str | None, host: str, error: str | None) ->
 
 def build_app(engine: Any, api_key: str | None = None, *, host: str = "127.0.0.1",
               error: str | None = None, ar_path: str | None = None,
-              concurrency: int = 4, frame_interval: float = 0.04) -> FastAPI:
+              canvas_path: str | None = None, concurrency: int = 4,
+              frame_interval: float = 0.04) -> FastAPI:
     """The one FastAPI app: /v1, /health and /ready routes first, then the playground at /."""
     api = build_api(engine, api_key, host, error)
-    slot = ui.EngineSlot(engine, error, ar_path=ar_path, api_key_required=bool(api_key),
+    slot = ui.EngineSlot(engine, error, ar_path=ar_path, canvas_path=canvas_path,
+                         api_key_required=bool(api_key),
                          gpu=GPU_DECORATOR, concurrency=concurrency,
                          frame_interval=frame_interval)
     demo = ui.build_blocks(slot)
@@ -172,7 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if engine is None:
         print(f"warning: {error}\n         the playground starts without a model; load one "
               "in its Model tab", file=sys.stderr)
-    app = build_app(engine, args.api_key, host=args.host, error=error, ar_path=args.ar_model)
+    app = build_app(engine, args.api_key, host=args.host, error=error, ar_path=args.ar_model,
+                    canvas_path=args.canvas_model)
     url = public_url(args.host, args.port)
     print(f"Celeris playground: {url}   API: {url}/v1   (Ctrl+C to stop)", flush=True)
     server = make_server(app, args.host, args.port, args.drain_timeout)

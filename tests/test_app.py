@@ -178,14 +178,20 @@ def test_infill_keeps_the_pinned_words(client):
     assert not any(c["k"].startswith("mask") for c in cells)
 
 
-def test_race_runs_reference_fast_and_autoregressive(client):
+def test_race_runs_fast_reference_and_autoregressive(client):
+    """A full-attention model: main = its fast configuration, canvas = its reference sampler
+    (outputs 0-6 as before: body and stats per column, the summary; 7-9: the titles)."""
     job = client.submit(PROMPT, False, 32, 8, 0.9, api_name="/race")
     outputs = [out for out in job]
-    ref, fast, ar = outputs[-1][1], outputs[-1][3], outputs[-1][5]
-    assert ref["state"] == fast["state"] == "done"
-    assert 0 < int(ref["nfe"]) <= 32 and 0 < int(fast["nfe"]) <= 32
+    main, canvas, ar = outputs[-1][1], outputs[-1][3], outputs[-1][5]
+    assert main["state"] == canvas["state"] == "done"
+    assert 0 < int(main["nfe"]) <= 32 and 0 < int(canvas["nfe"]) <= 32
     assert ar["state"] == "done" and float(ar["tps"]) > 0
-    assert "reference" in outputs[-1][6]
+    assert "**fast vs reference**" in outputs[-1][6]
+    assert "**fast vs autoregressive**" in outputs[-1][6]
+    titles = outputs[-1][7:]
+    assert "Fast configuration · tiny" in titles[0] and "Reference sampler · tiny" in titles[1]
+    assert "Autoregressive twin" in titles[2]
 
 
 # ---------------------------------------------------------------------- one port

@@ -2,7 +2,8 @@
 
 Opens the page, sets steps and gen length, generates and watches masks appear and all turn
 into text, checks the tokens/s gauge, opens the replay and moves the scrubber, stops a run,
-sees an invalid-settings toast, runs the race and an infill with HTML in it. Screenshots go to
+sees an invalid-settings toast, runs the race and an infill with HTML in it; and races the
+shipped block-diffusion model against the full-canvas one and the AR twin. Screenshots go to
 artifacts/ (git-ignored). Set CELERIS_UI_TEST_MODEL (and CELERIS_UI_TEST_AR) to model
 directories (models/celeris-tiny, models/celeris-tiny-ar) to drive the real models instead of
 random tiny ones, e.g. to refresh assets/playground.png.
@@ -54,22 +55,36 @@ def served(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(served, chromium_path):
+def browser(chromium_path):
+    """One headless Chromium for the module (one sync Playwright per thread at a time)."""
     from playwright.sync_api import expect, sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path, headless=True,
                                     args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.set_default_timeout(60_000)
         expect.set_options(timeout=30_000)
-        page.goto(served + "/")
-        page.wait_for_selector("#pg-generate")
-        # the page-load event has fitted gen length to the prompt (it was built for 1 token)
-        expect(page.locator("#pg-gen-length")).not_to_contain_text("prompt 1 tokens")
-        yield page
+        yield browser
         browser.close()
+
+
+def open_page(browser, url: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    page.goto(url + "/")
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(served, browser):
+    from playwright.sync_api import expect
+
+    page = open_page(browser, served)
+    page.wait_for_selector("#pg-generate")
+    # the page-load event has fitted gen length to the prompt (it was built for 1 token)
+    expect(page.locator("#pg-gen-length")).not_to_contain_text("prompt 1 tokens")
+    yield page
+    page.close()
 
 
 def set_number(page, elem_id: str, value) -> None:
@@ -177,8 +192,11 @@ def test_race_view_runs_three_columns(page):
     page.get_by_role("tab", name="Race").click()
     set_number(page, "race-gen-length", 64)
     page.click("#race-go")
-    expect(page.locator("#race-summary")).to_contain_text("reference", timeout=120_000)
-    for column in ("ref", "fast"):
+    expect(page.locator("#race-summary")).to_contain_text("fast vs reference",
+                                                          timeout=120_000)
+    expect(page.locator("#race-main-title")).to_contain_text("Fast configuration")
+    expect(page.locator("#race-canvas-title")).to_contain_text("Reference sampler")
+    for column in ("main", "canvas"):
         expect(page.locator(f"#race-{column}-stats")).to_contain_text("done")
         assert float(page.locator(f"#race-{column}-stats [data-g=tps] b").inner_text()) > 0
         expect(page.locator(f"#race-{column}-canvas .tk.mask")).to_have_count(0)
@@ -261,12 +279,69 @@ def test_race_stop_marks_the_unfinished_columns_stopped(page):
     page.get_by_role("tab", name="Race").click()
     set_number(page, "race-gen-length", slider_max(page, "race-gen-length") // 8 * 8)
     page.click("#race-go")
-    expect(page.locator("#race-ref-stats")).to_contain_text("running")
+    expect(page.locator("#race-main-stats")).to_contain_text("running")
     page.click("#race-stop")
-    for column in ("ref", "fast", "ar"):
+    for column in ("main", "canvas", "ar"):
         expect(page.locator(f"#race-{column}-stats")).to_contain_text("stopped")
     expect(page.locator("#race-summary")).to_have_text("Stopped.")
     set_number(page, "race-gen-length", 64)
+
+
+# ---------------------------------------------------------------------- block diffusion
+BD_MODELS = {key: ROOT / "models" / name for key, name in
+             (("bd", "celeris-tiny-bd"), ("canvas", "celeris-tiny"), ("ar", "celeris-tiny-ar"))}
+
+
+@pytest.fixture(scope="module")
+def bd_page(browser):
+    """The app with the shipped block-diffusion model loaded (its full-canvas and AR
+    siblings next to it), in a page of its own."""
+    import app
+    from playwright.sync_api import expect
+
+    missing = [str(p) for p in BD_MODELS.values() if not (p / "config.json").is_file()]
+    if missing:
+        pytest.skip(f"needs the shipped models: {', '.join(missing)}")
+    engine, error = app.load_engine(str(BD_MODELS["bd"]), device="cpu")
+    assert error is None, error
+    assert engine.block_causal
+    with running_app(engine, ar_path=str(BD_MODELS["ar"]),
+                     canvas_path=str(BD_MODELS["canvas"])) as url:
+        page = open_page(browser, url)
+        page.wait_for_selector("#pg-generate")
+        expect(page.locator("#pg-gen-length")).not_to_contain_text("prompt 1 tokens")
+        yield page
+        page.close()
+    app.stop_engine(engine)
+
+
+def test_race_block_diffusion_vs_full_canvas_vs_the_twin(bd_page):
+    from playwright.sync_api import expect
+
+    page = bd_page
+    page.get_by_role("tab", name="Race").click()
+    expect(page.locator("#race-main-title")).to_contain_text("Block diffusion · celeris-tiny-bd")
+    expect(page.locator("#race-canvas-title")).to_contain_text("Full canvas · celeris-tiny")
+    expect(page.locator("#race-canvas-title")).not_to_contain_text("celeris-tiny-bd")
+    expect(page.locator("#race-ar-title")).to_contain_text("Autoregressive twin · celeris-tiny-ar")
+    expect(page.locator("#race-block-length")).to_contain_text("full-canvas runs only")
+    set_number(page, "race-gen-length", 32)
+    page.click("#race-go")
+    expect(page.locator("#race-summary")).to_contain_text("block diffusion vs autoregressive",
+                                                          timeout=180_000)
+    for column in ("main", "canvas", "ar"):
+        expect(page.locator(f"#race-{column}-stats")).to_contain_text("done")
+        assert float(page.locator(f"#race-{column}-stats [data-g=tps] b").inner_text()) > 0
+        assert int(page.locator(f"#race-{column}-stats [data-g=nfe] b").inner_text()) > 0
+    for column in ("main", "canvas"):
+        expect(page.locator(f"#race-{column}-canvas .tk.mask")).to_have_count(0)
+        assert page.locator(f"#race-{column}-canvas .tk.old").count() > 0
+        assert page.locator(f"#race-{column}-canvas .tk").count() <= 32
+    assert page.locator("#race-ar-text").inner_text().strip()
+    summary = page.locator("#race-summary").inner_text()
+    assert "block diffusion" in summary and "full canvas" in summary
+    assert "block diffusion vs full canvas" in summary
+    page.screenshot(path=str(ARTIFACTS / "race-bd.png"), full_page=True)
 
 
 def test_chat_does_not_send_an_empty_message(page):

@@ -13,7 +13,7 @@ from celeris.outputs import FinishReason, GenerationResult, StepEvent, Timings, 
 from ui import charts, render
 from ui.api_tab import base_url, snippets
 from ui.chat import reply_so_far
-from ui.race import race_params, race_summary, stats
+from ui.race import notice_cells, race_params, race_summary, stats
 from ui.settings import FIELDS, PRESETS, build_params, preset_values, widget_values
 from ui.trajectory import Trajectory
 
@@ -247,13 +247,67 @@ def test_charts_show_the_recorded_run():
     assert heat.z[0][1] == 0.5 and heat.z[2][2] == 0.99 and heat.z[0][0] is None
 
 
-def test_race_params_and_summary():
-    ref, fast = race_params(GenerationParams(), 64, 16, 0.8)
-    assert (ref.decoding, ref.cache, ref.steps) == ("fixed", "none", None)
-    assert (fast.decoding, fast.cache, fast.threshold) == ("threshold", "prefix", 0.8)
-    results = {"ref": stats(64, 64, 1.0, "done"), "fast": stats(64, 16, 0.25, "done"),
-               "ar": stats(state="unavailable")}
-    assert race_summary(results) == "**fast**: 4.00x the reference's tokens/s (NFE 16 vs 64)"
+def test_a_block_causal_canvas_grows_block_by_block():
+    """A block-causal run's StepEvents carry the canvas so far (the first, partial block,
+    then one more block at a time): the trajectory grows with it."""
+    traj = Trajectory(0, 2)
+    traj.add(event(1, [2], [0], [0.5]), token_text)
+    traj.add(event(2, [2, M, M], [], [], block=1), token_text)
+    traj.add(event(3, [2, 1, M], [1], [0.9], block=1), token_text)
+    assert traj.gen_length == 3
+    assert [c["k"] for c in canvas(traj)] == ["old", "new", "mask"]
+    traj.finish(result(tokens=2))
+    assert [c["k"] for c in canvas(traj)] == ["old", "old", "skip"]
+
+
+def test_race_params_for_a_full_attention_model():
+    """Full attention: main = the fast configuration, canvas = the reference sampler."""
+    main, canvas = race_params(GenerationParams(), 64, 16, 0.8)
+    assert (main.decoding, main.cache, main.threshold, main.steps) == ("threshold", "prefix",
+                                                                       0.8, None)
+    assert (canvas.decoding, canvas.cache, canvas.steps) == ("fixed", "none", None)
+    assert main.gen_length == canvas.gen_length == 64
+    assert main.block_length == canvas.block_length == 16
+
+
+def test_race_params_for_a_block_diffusion_model():
+    """Block-causal: main keeps its own block length and cache (only threshold decoding, the
+    tab's threshold and gen length); the tab's block length goes to the full-canvas model."""
+    bd = GenerationParams(gen_length=256, block_length=8, decoding="fixed", cache="prefix",
+                          threshold=0.7, temperature=0.0)
+    canvas_base = GenerationParams(gen_length=64, block_length=32, steps=64, decoding="fixed",
+                                   cache="none")
+    main, canvas = race_params(bd, "32", "16", 0.85, block_causal=True,
+                               canvas_base=canvas_base)
+    assert (main.decoding, main.threshold, main.gen_length) == ("threshold", 0.85, 32)
+    assert (main.block_length, main.cache, main.steps) == (8, "prefix", None)
+    assert (canvas.decoding, canvas.threshold, canvas.cache) == ("threshold", 0.85, "prefix")
+    assert (canvas.gen_length, canvas.block_length, canvas.steps) == (32, 16, None)
+    # the full-canvas model unavailable: no canvas settings, main unchanged
+    assert race_params(bd, 32, 16, 0.85, block_causal=True) == (main, None)
+
+
+def test_race_summary_compares_the_three_runs():
+    results = {"main": stats(64, 16, 0.25, "done"), "canvas": stats(64, 32, 1.0, "done"),
+               "ar": stats(64, 64, 0.5, "done")}
+    labels = {"main": "block diffusion", "canvas": "full canvas"}
+    assert race_summary(results, labels) == (
+        "**tokens/s**: block diffusion 256.0 (64 tokens) · full canvas 64.0 (64 tokens) · "
+        "autoregressive 128.0 (64 tokens) · "
+        "**block diffusion vs autoregressive**: 2.00x the tokens/s (NFE 16 vs 64) · "
+        "**block diffusion vs full canvas**: 4.00x the tokens/s (NFE 16 vs 32)")
+    # a column that did not finish is left out of the line and of the ratios
+    results["ar"] = stats(state="unavailable")
+    assert race_summary(results, {"main": "fast", "canvas": "reference"}) == (
+        "**tokens/s**: fast 256.0 (64 tokens) · reference 64.0 (64 tokens) · "
+        "**fast vs reference**: 4.00x the tokens/s (NFE 16 vs 32)")
+    assert race_summary({"main": stats(state="error")}) == ""
+
+
+def test_race_notice_cell_is_escaped():
+    cells = notice_cells("Unavailable: no model at <dir>")
+    cell = render.parse_cell(cells[0])
+    assert cell["k"] == "race-unavailable" and cell["t"] == "Unavailable: no model at &lt;dir&gt;"
 
 
 def test_api_snippets_and_base_url():

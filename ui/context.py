@@ -26,6 +26,7 @@ from .trajectory import Trajectory
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_AR_PATH = REPO_ROOT / "models" / "celeris-tiny-ar"
+DEFAULT_CANVAS_PATH = REPO_ROOT / "models" / "celeris-tiny"   # the full-attention model
 NO_MODEL = ("No model is loaded. Open the Model tab to load a local model directory, or train "
             "the shipped one: python -m celeris train --out models/celeris-tiny")
 
@@ -64,7 +65,8 @@ def user_errors() -> Iterator[None]:
 class EngineSlot:
     def __init__(self, engine: Any = None, error: str | None = None, *,
                  engine_factory: Callable[..., Any] | None = None,
-                 ar_path: str | Path | None = None, api_key_required: bool = False,
+                 ar_path: str | Path | None = None, canvas_path: str | Path | None = None,
+                 api_key_required: bool = False,
                  gpu: Callable[[Callable], Callable] | None = None, concurrency: int = 4,
                  frame_interval: float = 0.04) -> None:
         self.engine = engine
@@ -74,13 +76,16 @@ class EngineSlot:
         self.error = error
         self.engine_factory = engine_factory or celeris.Engine.from_pretrained
         self.ar_path = Path(ar_path) if ar_path else DEFAULT_AR_PATH
+        self.canvas_path = Path(canvas_path) if canvas_path else DEFAULT_CANVAS_PATH
         self.api_key_required = api_key_required
         self.gpu = gpu or (lambda fn: fn)
         self._active: dict[str, tuple[Any, str]] = {}
         self._strings: dict[int, str] = {}
         self._info: tuple[float, dict[str, Any] | None] = (0.0, None)
         self._ar: Any = None
+        self._canvas: Any = None
         self._lock = threading.Lock()
+        self._canvas_lock = threading.Lock()   # one load at a time (two races may ask)
 
     # -------------------------------------------------------------- engine access
     def require(self) -> Any:
@@ -118,6 +123,15 @@ class EngineSlot:
             return len(tokenizer.encode_prompt(prompt))
         except (AttributeError, TypeError, ValueError):
             return None
+
+    def spellers(self, engine: Any) -> tuple[Callable[[list[int]], list[str]],
+                                              Callable[[list[int]], str]]:
+        """(token_text, decode) for a run on ``engine``: the cached ones of the UI's engine,
+        or ``engine``'s own tokenizer for another one (the Race tab's full-canvas model)."""
+        if engine is self.engine or getattr(engine, "tokenizer", None) is None:
+            return self.token_text, self.decode
+        tokenizer = engine.tokenizer
+        return engine.token_strings, lambda ids: tokenizer.decode([int(t) for t in ids])
 
     def decode(self, ids: list[int]) -> str:
         """Several ids decoded together: a character split over byte-level tokens comes out
@@ -176,6 +190,35 @@ class EngineSlot:
             return None, f"could not load {self.ar_path}: {exc}"
         return self._ar, ""
 
+    # -------------------------------------------------------------- the full-canvas model
+    @property
+    def canvas_loaded(self) -> bool:
+        return self._canvas is not None
+
+    def canvas_model(self) -> tuple[Any, str]:
+        """(Engine or None, why not): the full-attention model the Race tab runs next to a
+        block-diffusion one; loaded once, on first use, on the UI engine's device and dtype,
+        with its own background scheduler. Never shut down from the UI (like ``primary``)."""
+        if self._canvas is not None:
+            return self._canvas, ""
+        if not (self.canvas_path / "config.json").is_file():
+            return None, f"no full-canvas model at {self.canvas_path}"
+        with self._canvas_lock:
+            if self._canvas is not None:
+                return self._canvas, ""
+            device = str(getattr(self.engine, "device", None) or "auto")
+            dtype = str(getattr(getattr(self.engine, "config", None), "dtype", None) or "auto")
+            try:
+                engine = self.load(str(self.canvas_path), device=device, dtype=dtype)
+            except Exception as exc:   # a broken model must not take the race down
+                return None, f"could not load {self.canvas_path}: {exc}"
+            if getattr(engine, "block_causal", False):
+                engine.stop()
+                return None, (f"{self.canvas_path} is a block-diffusion model, not a "
+                              "full-canvas one")
+            self._canvas = engine
+        return self._canvas, ""
+
 
 def error_message(exc: BaseException) -> str:
     return str(getattr(exc, "message", None) or exc)
@@ -228,6 +271,7 @@ def follow(slot: EngineSlot, session: str, engine: Any,
 def _follow(slot: EngineSlot, session: str, engine: Any,
             start: Callable[[str], Iterator[Any]], traj: Trajectory) -> Iterator[Trajectory]:
     rid = slot.begin(session, engine)
+    token_text, decode = slot.spellers(engine)
     done = False
     try:
         with user_errors(), closing(start(rid)) as events:
@@ -238,7 +282,7 @@ def _follow(slot: EngineSlot, session: str, engine: Any,
                     traj.finish(item)
                     done = True
                 else:
-                    traj.add(item, slot.token_text, slot.decode)
+                    traj.add(item, token_text, decode)
                 yield traj
     finally:
         if not done:

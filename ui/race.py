@@ -1,16 +1,28 @@
 """Race tab: one prompt, three runs side by side with live tokens/s and NFE.
 
-1. the reference sampler (fixed linear schedule, one token per step, no cache);
-2. the fast configuration (threshold decoding + prefix KV cache);
-3. the autoregressive twin trained on the same data (``celeris.ARBaseline``, transformers'
-   ``generate()`` with its KV cache), when it is installed.
+1. "main": the loaded model at its default settings. A block-diffusion (block-causal) model
+   runs its own defaults (threshold decoding, exact KV cache, the block size of its config)
+   with the tab's threshold; a full-attention model runs its fast configuration (threshold
+   decoding + prefix KV cache).
+2. "canvas": next to a block-diffusion model, the full-canvas (full-attention) model
+   ``EngineSlot.canvas_path`` (models/celeris-tiny), loaded on first use, at its fast
+   configuration with the tab's gen length, block length and threshold. Next to a
+   full-attention model, the loaded model's reference sampler (fixed linear schedule, one
+   token per step, no cache), so the tab still compares something after a switch in the
+   Model tab.
+3. "ar": the autoregressive twin trained on the same data (``celeris.ARBaseline``,
+   transformers' ``generate()`` with its KV cache), when it is installed.
 
-The runs go one after another, so no run slows another down on a shared machine; each column
-animates while its run is live and its numbers are that run's own wall-clock figures.
+The column titles depend on the loaded model, so they are outputs: built from the slot's
+engine when the page is built, refreshed on page load and sent by every race (the last three
+outputs of ``api_name="race"``; the first seven are unchanged). The runs go one after another,
+so no run slows another down on a shared machine; each column animates while its run is live
+and its numbers are that run's own wall-clock figures.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import gradio as gr
@@ -18,7 +30,8 @@ import gradio as gr
 from celeris.params import GenerationParams
 
 from . import bounds, limits, render, widgets
-from .context import EngineSlot, follow, session_of, user_errors, with_error_frame
+from .context import (EngineSlot, error_message, follow, session_of, user_errors,
+                      with_error_frame)
 from .examples import examples
 from .playground import prompt_input
 from .trajectory import Trajectory
@@ -32,21 +45,95 @@ STATS_TEMPLATE = (
     '</div></div>')
 TEXT_TEMPLATE = '<div class="race-text">{{{value}}}</div>'
 STOPPED = "Stopped."
-COLUMNS = (("ref", "Reference sampler", "decoding fixed · one token per step · no cache"),
-           ("fast", "Fast configuration", "threshold decoding · prefix KV cache"),
-           ("ar", "Autoregressive twin", "same data, transformers generate() + KV cache"))
+KEYS = ("main", "canvas", "ar")
+CANVAS_BLOCK = 32   # the block length first offered for the full-canvas column (its usual)
+BLOCK_INFO = ("divides gen length; full-canvas runs only: a block-diffusion model keeps the "
+              "block size of its config")
 
 
-def race_params(base: GenerationParams, gen_length: int, block_length: int,
-                threshold: float) -> tuple[GenerationParams, GenerationParams]:
-    """(reference, fast) settings over the model's defaults."""
+@dataclass(frozen=True)
+class Column:
+    key: str     # "main", "canvas" or "ar" (the elem_ids race-<key>-*)
+    title: str   # what runs, e.g. "Block diffusion · celeris-tiny-bd"
+    note: str    # how it runs
+    label: str   # its name in the summary line
+
+
+def is_block_causal(engine: Any) -> bool:
+    return bool(getattr(engine, "block_causal", False))
+
+
+def model_name(engine: Any) -> str:
+    model_dir = getattr(engine, "model_dir", None)
+    if model_dir is not None:
+        return model_dir.name
+    return str((engine.info() or {}).get("model", "the loaded model"))
+
+
+def lineup(slot: EngineSlot, engine: Any) -> tuple[Column, Column, Column]:
+    """The three columns for ``engine`` (the slot's UI engine): what each one runs."""
+    ar = Column("ar", f"Autoregressive twin · {slot.ar_path.name}",
+                "same data · transformers generate() + KV cache · one token per forward",
+                "autoregressive")
+    if engine is None:
+        return (Column("main", "Loaded model", "no model loaded: see the Model tab", "main"),
+                Column("canvas", "Full canvas", "no model loaded", "canvas"), ar)
+    name = model_name(engine)
+    if is_block_causal(engine):
+        base = engine.default_params()
+        cache = "no cache" if base.cache == "none" else "exact KV cache"
+        main = Column("main", f"Block diffusion · {name}",
+                      f"its defaults: threshold decoding · {cache} · blocks of "
+                      f"{base.block_length} (from its config) · gen length is a cap",
+                      "block diffusion")
+        canvas = Column("canvas", f"Full canvas · {slot.canvas_path.name}",
+                        "full attention: threshold decoding · prefix KV cache · the tab's "
+                        "block length", "full canvas")
+        return main, canvas, ar
+    return (Column("main", f"Fast configuration · {name}",
+                   "full attention: threshold decoding · prefix KV cache", "fast"),
+            Column("canvas", f"Reference sampler · {name}",
+                   "full attention: fixed schedule · one token per step · no cache",
+                   "reference"),
+            ar)
+
+
+def header(column: Column) -> str:
+    return (f"### {render.escape_text(column.title)}\n"
+            f"<span class='race-note'>{render.escape_text(column.note)}</span>")
+
+
+def headers(slot: EngineSlot) -> list[str]:
+    return [header(c) for c in lineup(slot, slot.engine)]
+
+
+def fast_params(base: GenerationParams, gen_length: int, block_length: int,
+                threshold: float) -> GenerationParams:
+    """A full-attention model's fast configuration: threshold decoding + prefix KV cache."""
+    return base.replace(decoding="threshold", threshold=threshold, cache="prefix",
+                        gen_length=gen_length, block_length=block_length, steps=None)
+
+
+def race_params(base: GenerationParams, gen_length: Any, block_length: Any, threshold: Any,
+                *, block_causal: bool = False, canvas_base: GenerationParams | None = None
+                ) -> tuple[GenerationParams, GenerationParams | None]:
+    """(main, canvas) settings. ``base`` is the loaded model's defaults.
+
+    Block-causal: main = its own defaults with threshold decoding, the tab's threshold and
+    gen length (a cap), its block length and cache kept; canvas = the full-canvas model's
+    (``canvas_base``, None when it is unavailable) fast configuration with the tab's block
+    length. Full attention: main = the fast configuration, canvas = the reference sampler.
+    """
     with user_errors():
-        common = dict(gen_length=int(float(gen_length)), block_length=int(float(block_length)),
-                      steps=None)
-        ref = base.replace(decoding="fixed", cache="none", **common)
-        fast = base.replace(decoding="threshold", threshold=float(threshold), cache="prefix",
-                            **common)
-    return ref, fast
+        gen, block, thr = int(float(gen_length)), int(float(block_length)), float(threshold)
+        if block_causal:
+            main = base.replace(decoding="threshold", threshold=thr, gen_length=gen, steps=None)
+            canvas = (None if canvas_base is None
+                      else fast_params(canvas_base, gen, block, thr))
+            return main, canvas
+        ref = base.replace(decoding="fixed", cache="none", gen_length=gen,
+                           block_length=block, steps=None)
+        return fast_params(base, gen, block, thr), ref
 
 
 def stats(tokens: int = 0, nfe: int = 0, elapsed: float = 0.0, state: str = "waiting",
@@ -59,7 +146,7 @@ def stats(tokens: int = 0, nfe: int = 0, elapsed: float = 0.0, state: str = "wai
 def stopped(column: dict[str, str] | None) -> dict[str, str]:
     """A column after Stop: a run that had not finished says "stopped"."""
     out = dict(column or stats())
-    if out.get("state") in ("waiting", "running"):
+    if out.get("state") in ("waiting", "running", "loading"):
         out["state"] = "stopped"
     return out
 
@@ -76,28 +163,38 @@ def traj_stats(traj: Trajectory) -> dict[str, str]:
                  last.elapsed if last else 0.0, "running", unit="positions")
 
 
-def race_summary(results: dict[str, dict[str, str]]) -> str:
-    """Ratios of the finished runs against the reference (tokens/s and forwards)."""
-    ref = results.get("ref")
-    if not ref or float(ref["tps"]) <= 0:
+def notice_cells(text: str) -> list[str]:
+    """A canvas column that did not run: one cell holding the reason (escaped)."""
+    return [f"race-unavailable\t\t1\t\t{render.escape_text(text)}"]
+
+
+def race_summary(results: dict[str, dict[str, str]],
+                 labels: dict[str, str] | None = None) -> str:
+    """The finished runs side by side: tokens/s of each, then main vs the autoregressive
+    twin and main vs the canvas column (tokens/s ratios, with their NFE)."""
+    names = {"main": "main", "canvas": "canvas", "ar": "autoregressive", **(labels or {})}
+    done = {k: results[k] for k in KEYS if k in results and results[k].get("state") == "done"}
+    if not done:
         return ""
-    lines = []
-    for key, name in (("fast", "fast"), ("ar", "autoregressive")):
-        other = results.get(key)
-        if not other or other.get("state") != "done":
+    parts = ["**tokens/s**: " + " · ".join(
+        f"{names[k]} {float(r['tps']):.1f} ({r['tokens']} tokens)" for k, r in done.items())]
+    main = done.get("main")
+    for key in ("ar", "canvas"):
+        other = done.get(key)
+        if main is None or other is None or float(other["tps"]) <= 0:
             continue
-        speed = float(other["tps"]) / float(ref["tps"])
-        lines.append(f"**{name}**: {speed:.2f}x the reference's tokens/s "
-                     f"(NFE {other['nfe']} vs {ref['nfe']})")
-    return " · ".join(lines)
+        speed = float(main["tps"]) / float(other["tps"])
+        parts.append(f"**{names['main']} vs {names[key]}**: {speed:.2f}x the tokens/s "
+                     f"(NFE {main['nfe']} vs {other['nfe']})")
+    return " · ".join(parts)
 
 
 def make_race_stop(slot: EngineSlot):
     """Stop: abort the running request and mark every unfinished column "stopped" (the
     cancelled race sends no further update of its own)."""
-    def stop(ref: dict, fast: dict, ar: dict, request: gr.Request) -> list[Any]:
+    def stop(main: dict, canvas: dict, ar: dict, request: gr.Request) -> list[Any]:
         slot.abort(session_of(request))
-        return [stopped(ref), stopped(fast), stopped(ar), STOPPED]
+        return [stopped(main), stopped(canvas), stopped(ar), STOPPED]
     return stop
 
 
@@ -105,7 +202,8 @@ def make_race(slot: EngineSlot):
     @slot.gpu
     def race(prompt: str, as_chat: bool, gen_length: float, block_length: float,
              threshold: float, request: gr.Request) -> Iterator[list[Any]]:
-        """Run reference, fast and autoregressive one after another; yields 7 outputs."""
+        """Run main, canvas and autoregressive one after another; yields 10 outputs (each
+        column's body and stats, the summary, then the three column headers)."""
         run = _race(slot, prompt, as_chat, gen_length, block_length, threshold, request)
         yield from with_error_frame(run, error_columns)
     return race
@@ -113,34 +211,64 @@ def make_race(slot: EngineSlot):
 
 def error_columns(why: str) -> list[Any]:
     return [[], stats(state="error"), [], stats(state="error"), "", stats(state="error"),
-            render.error_markdown(why)]
+            render.error_markdown(why), gr.skip(), gr.skip(), gr.skip()]
 
 
 def _race(slot: EngineSlot, prompt: str, as_chat: bool, gen_length: float,
           block_length: float, threshold: float, request: gr.Request) -> Iterator[list[Any]]:
     engine = slot.require()
     message = prompt_input(prompt, as_chat)
-    ref, fast = race_params(engine.default_params(), gen_length, block_length, threshold)
+    columns = lineup(slot, engine)
+    block_causal = is_block_causal(engine)
+    main_p, _ = race_params(engine.default_params(), gen_length, block_length, threshold,
+                            block_causal=block_causal)   # invalid settings: before anything
+    loading = block_causal and not slot.canvas_loaded
+    latest = [[], stats(), [], stats(state="loading" if loading else "waiting"), "", stats(),
+              "Racing...", *[header(c) for c in columns]]   # resent whole: the diff is tiny
+    yield list(latest)
+    canvas_engine, why = (slot.canvas_model() if block_causal else (engine, ""))
+    canvas_base = canvas_engine.default_params() if canvas_engine is not None else None
+    main_p, canvas_p = race_params(engine.default_params(), gen_length, block_length,
+                                   threshold, block_causal=block_causal,
+                                   canvas_base=canvas_base)
+    if loading:
+        latest[3] = stats()
     results: dict[str, dict[str, str]] = {}
-    latest = [[], stats(), [], stats(), "", stats(), "Racing..."]   # resent whole: the
-    yield list(latest)                                                # diff is tiny
-    for i, params in enumerate((ref, fast)):
-        traj = Trajectory(params.gen_length, params.block_length, params=params.to_dict())
-        start = lambda rid, p=params: engine.stream(message, p, request_id=rid)  # noqa
-        for traj in follow(slot, session_of(request), engine, start, traj):
-            latest[2 * i:2 * i + 2] = [render.canvas_cells(traj, live=True), traj_stats(traj)]
+    runs = (("main", engine, main_p, ""), ("canvas", canvas_engine, canvas_p, why))
+    for i, (key, run_engine, params, why) in enumerate(runs):
+        if run_engine is None or params is None:
+            latest[2 * i:2 * i + 2] = [notice_cells(f"Unavailable: {why}"),
+                                       stats(state="unavailable")]
             yield list(latest)
+            continue
+        grows = is_block_causal(run_engine)   # its canvas grows block by block from empty
+        traj = Trajectory(0 if grows else params.gen_length, params.block_length,
+                          params=params.to_dict())
+        start = lambda rid, e=run_engine, p=params: e.stream(message, p, request_id=rid)  # noqa
+        try:
+            for traj in follow(slot, session_of(request), run_engine, start, traj):
+                latest[2 * i:2 * i + 2] = [render.canvas_cells(traj, live=True),
+                                           traj_stats(traj)]
+                yield list(latest)
+        except gr.Error as exc:
+            if key == "main":   # the loaded model refused: the race's own error frame
+                raise
+            # the second model refused (e.g. its context is shorter): say so in its column
+            latest[2 * i:2 * i + 2] = [notice_cells(f"Failed: {error_message(exc)}"),
+                                       stats(state="error")]
+            yield list(latest)
+            continue
         if traj.result and traj.result["finish_reason"] == "abort":   # Stop: end the race
             latest[1:6:2] = [stopped(c) for c in latest[1:6:2]]
             latest[6] = STOPPED
             yield list(latest)
             return
-        results[COLUMNS[i][0]] = traj_stats(traj)
-    for text, st in run_ar(slot, message, int(gen_length)):
+        results[key] = traj_stats(traj)
+    for text, st in run_ar(slot, message, int(float(gen_length))):
         latest[4:6] = [text, st]
         yield list(latest)
         results["ar"] = st
-    latest[6] = race_summary(results) or "Done."
+    latest[6] = race_summary(results, {c.key: c.label for c in columns}) or "Done."
     yield list(latest)
 
 
@@ -161,24 +289,30 @@ def run_ar(slot: EngineSlot, message: Any, max_new_tokens: int) -> Iterator[tupl
                stats(state="failed"))
 
 
-def _column(key: str, title: str, note: str) -> list[gr.HTML]:
-    with gr.Column(elem_classes=["race-col"], elem_id=f"race-{key}"):
-        gr.Markdown(f"### {title}\n<span class='race-note'>{note}</span>")
-        if key == "ar":
+def _column(column: Column) -> list[Any]:
+    """[header, body, stats] of one column."""
+    with gr.Column(elem_classes=["race-col"], elem_id=f"race-{column.key}"):
+        head = gr.Markdown(header(column), elem_id=f"race-{column.key}-title")
+        if column.key == "ar":
             body = gr.HTML("", html_template=TEXT_TEMPLATE, js_on_load=None,
-                           apply_default_css=False, elem_id=f"race-{key}-text")
+                           apply_default_css=False, elem_id=f"race-{column.key}-text")
         else:
-            body = widgets.canvas(f"race-{key}-canvas", "Waiting for the race.")
+            body = widgets.canvas(f"race-{column.key}-canvas", "Waiting for the race.")
         stat = gr.HTML(stats(), html_template=STATS_TEMPLATE, js_on_load=None,
-                       apply_default_css=False, elem_id=f"race-{key}-stats")
-    return [body, stat]
+                       apply_default_css=False, elem_id=f"race-{column.key}-stats")
+    return [head, body, stat]
 
 
 def create_ui(slot: EngineSlot) -> None:
-    base = slot.engine.default_params() if slot.engine else GenerationParams()
+    engine = slot.engine
+    base = engine.default_params() if engine else GenerationParams()
+    block = CANVAS_BLOCK if is_block_causal(engine) else base.block_length
     with gr.Tab("Race", id="race"):
-        gr.Markdown("One prompt, three samplers. Runs go one after another so that no run "
-                    "slows another; every figure is that run's own wall-clock time.")
+        gr.Markdown("One prompt, three runs: the loaded model at its default settings, a "
+                    "full-canvas diffusion run (the full-attention model next to a "
+                    "block-diffusion one; next to a full-attention one, its reference "
+                    "sampler) and the autoregressive twin. Runs go one after another so that "
+                    "no run slows another; every figure is that run's own wall-clock time.")
         with gr.Row():
             prompt = gr.Textbox(examples("race") or "", label="prompt", scale=4,
                                 elem_id="race-prompt")
@@ -190,23 +324,29 @@ def create_ui(slot: EngineSlot) -> None:
                                    info=widgets.gen_info(gen), elem_id="race-gen-length")
             block_length = gr.Dropdown(
                 limits.block_choices(gen_length.value),
-                value=limits.fit_block(base.block_length, gen_length.value),
-                label="block length", info="divides gen length", allow_custom_value=True,
+                value=limits.fit_block(block, gen_length.value),
+                label="block length", info=BLOCK_INFO, allow_custom_value=True,
                 elem_id="race-block-length")
             threshold = gr.Slider(0.05, 1.0, value=base.threshold, step=0.01,
-                                  label="fast: threshold", elem_id="race-threshold")
+                                  label="threshold",
+                                  info="threshold decoding (not the reference sampler)",
+                                  elem_id="race-threshold")
         with gr.Row():
             go = gr.Button("Race", variant="primary", elem_id="race-go")
             stop = gr.Button("Stop", variant="stop", elem_id="race-stop")
         with gr.Row(equal_height=False):
-            outputs = [c for key, title, note in COLUMNS for c in _column(key, title, note)]
+            parts = [_column(c) for c in lineup(slot, engine)]
+        heads = [p[0] for p in parts]
+        outputs = [c for p in parts for c in p[1:]]   # body, stats per column
         summary = gr.Markdown(elem_id="race-summary")
     event = go.click(make_race(slot), [prompt, as_chat, gen_length, block_length, threshold],
-                     outputs + [summary], api_name="race", concurrency_id="engine",
+                     outputs + [summary] + heads, api_name="race", concurrency_id="engine",
                      concurrency_limit=slot.concurrency,
                      show_progress="hidden")
     stop.click(make_race_stop(slot), outputs[1::2], outputs[1::2] + [summary],
                cancels=[event], queue=False, api_visibility="private")
+    # the titles follow the model on page load too (the Model tab may have swapped it)
+    gr.on(None, lambda: headers(slot), None, heads, **bounds.QUIET)
     bounds.wire_gen_length(slot, prompt, as_chat, gen_length)
     bounds.warn_out_of_range(threshold, "threshold")
     gen_length.change(bounds.block_dropdown, [gen_length, block_length], block_length,

@@ -52,6 +52,8 @@ class Trajectory:
         ASCII, split over several byte-level tokens, is not shown as broken pieces."""
         if not self.steps and self.mask_id < 0:
             self._first_event(ev, token_text, decode)
+        elif len(ev.canvas) > self.gen_length:   # block-causal: the canvas grows block by
+            self.gen_length = len(ev.canvas)     # block (gen_length is only a cap there)
         tokens = [ev.canvas[p] for p in ev.committed]
         for pos, s in zip(ev.committed, token_text(tokens)):
             self.strings[pos] = s

@@ -1,0 +1,142 @@
+"""The Race tab without a browser: block diffusion vs the full-canvas model vs the AR twin.
+
+Random tiny models (tests/tiny_model.py): a block-causal one loaded as the UI's engine, a
+full-attention one as the full-canvas model (EngineSlot.canvas_model, loaded on first use)
+and a tiny Llama as the autoregressive twin. The race generator is driven directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from celeris import Engine
+from tests.test_app import make_ar_dir
+from tests.tiny_model import make_tiny_model_dir
+from ui import render
+from ui.context import EngineSlot
+from ui.race import KEYS, STOPPED, headers, lineup, make_race, make_race_stop, stats
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("race-models")
+    bd = make_tiny_model_dir(root / "tiny-bd", shift_logits=True, attention="block_causal",
+                             max_position_embeddings=600,
+                             block_size=4, generation_defaults={
+                                 "gen_length": 64, "temperature": 0.0, "decoding": "threshold",
+                                 "threshold": 0.7, "suppress_eos": True})
+    full = make_tiny_model_dir(root / "tiny-full", max_position_embeddings=600,
+                               generation_defaults={
+        "gen_length": 64, "block_length": 32, "steps": 64, "decoding": "fixed",
+        "suppress_eos": True})
+    return {"bd": bd, "full": full, "ar": make_ar_dir(root / "tiny-ar", Path(full))}
+
+
+@pytest.fixture(scope="module")
+def bd_engine(dirs):
+    engine = Engine.from_pretrained(dirs["bd"], device="cpu").start()
+    yield engine
+    engine.stop()
+
+
+def run_race(slot: EngineSlot, gen_length=16, block_length=8, threshold=0.9) -> list[list]:
+    return list(make_race(slot)(PROMPT, False, gen_length, block_length, threshold, None))
+
+
+def test_block_diffusion_races_the_full_canvas_model_and_the_twin(dirs, bd_engine):
+    slot = EngineSlot(bd_engine, ar_path=dirs["ar"], canvas_path=dirs["full"])
+    assert not slot.canvas_loaded
+    frames = run_race(slot)
+    last = frames[-1]
+    assert len(last) == 10
+    main, canvas, ar = last[1], last[3], last[5]
+    for column in (main, canvas, ar):
+        assert column["state"] == "done" and float(column["tps"]) > 0
+    # main: the loaded model's own blocks of 4, a canvas grown to the 16-token cap
+    assert int(main["tokens"]) == 16 and len(last[0]) == 16
+    # canvas: the full-attention model, a 16-token canvas in blocks of 8, threshold 0.9
+    cells = [render.parse_cell(c) for c in last[2]]
+    assert len(cells) == 16 and not any(c["k"].startswith("mask") for c in cells)
+    assert 0 < int(canvas["nfe"]) <= 16
+    assert slot.canvas_loaded
+    canvas_engine, _ = slot.canvas_model()
+    assert canvas_engine is not bd_engine and not canvas_engine.block_causal
+    titles = last[7:]
+    assert "Block diffusion · tiny-bd" in titles[0] and "blocks of 4" in titles[0]
+    assert "Full canvas · tiny-full" in titles[1]
+    assert "Autoregressive twin · tiny-ar" in titles[2]
+    summary = last[6]
+    assert summary.startswith("**tokens/s**: block diffusion ")
+    assert "full canvas" in summary and "autoregressive" in summary
+    assert "**block diffusion vs autoregressive**" in summary
+    # the canvas column said "loading" while the full-canvas model was being loaded
+    assert frames[0][3]["state"] == "loading"
+    assert run_race(slot)[0][3]["state"] == "waiting"     # loaded once, not again
+
+
+def test_stop_during_the_full_canvas_run_stops_that_model(dirs, bd_engine):
+    slot = EngineSlot(bd_engine, ar_path=dirs["ar"], canvas_path=dirs["full"])
+    frames, aborted = [], False
+    for frame in make_race(slot)(PROMPT, False, 512, 8, 0.99, None):
+        frames.append(frame)
+        if frame[3]["state"] == "running" and not aborted:
+            aborted = slot.abort("anonymous")   # what the Stop button does
+            assert aborted, "the running full-canvas request was not registered for Stop"
+    last = frames[-1]
+    assert last[1]["state"] == "done"            # main had finished
+    assert last[3]["state"] == "stopped"         # the full-canvas run was aborted midway
+    assert any(render.parse_cell(c)["k"].startswith("skip") for c in last[2])
+    assert last[5]["state"] == "stopped" and last[6] == STOPPED   # the twin never ran
+
+
+def test_the_full_canvas_model_missing_is_shown_in_its_column(dirs, bd_engine, tmp_path):
+    slot = EngineSlot(bd_engine, ar_path=tmp_path / "no-twin", canvas_path=tmp_path / "none")
+    last = run_race(slot)[-1]
+    assert last[1]["state"] == "done"
+    cell = render.parse_cell(last[2][0])
+    assert len(last[2]) == 1 and cell["k"] == "race-unavailable"
+    assert cell["t"].startswith("Unavailable: no full-canvas model at") and "none" in cell["t"]
+    assert last[3]["state"] == "unavailable" and last[5]["state"] == "unavailable"
+    assert "Traceback" not in cell["t"]
+    assert last[6].startswith("**tokens/s**: block diffusion ") and " vs " not in last[6]
+
+
+def test_a_block_diffusion_model_is_refused_as_the_full_canvas_one(dirs, bd_engine):
+    slot = EngineSlot(bd_engine, canvas_path=dirs["bd"])
+    engine, why = slot.canvas_model()
+    assert engine is None and "block-diffusion model, not a full-canvas one" in why
+
+
+def test_a_full_attention_model_races_its_reference_sampler(dirs):
+    engine = Engine.from_pretrained(dirs["full"], device="cpu")
+    slot = EngineSlot(engine, ar_path=dirs["ar"], canvas_path=dirs["bd"])
+    titles = headers(slot)
+    assert "Fast configuration · tiny-full" in titles[0]
+    assert "Reference sampler · tiny-full" in titles[1]
+    last = run_race(slot)[-1]
+    main, canvas = last[1], last[3]
+    assert main["state"] == canvas["state"] == "done"
+    assert int(canvas["nfe"]) == 16                 # one token per step, no cache
+    assert int(main["nfe"]) <= 16
+    assert not slot.canvas_loaded                   # the other model is never loaded here
+    assert "**fast vs reference**" in last[6]
+
+
+def test_lineup_without_a_model_and_stop(tmp_path):
+    slot = EngineSlot(None, ar_path=tmp_path / "twin")
+    assert [c.key for c in lineup(slot, None)] == list(KEYS)
+    assert "Autoregressive twin · twin" in headers(slot)[2]
+
+    class Slot:
+        aborted = None
+
+        def abort(self, session):
+            Slot.aborted = session
+
+    out = make_race_stop(Slot())(stats(3, 3, 1.0, "done"), stats(state="loading"),
+                                 stats(), None)
+    assert [c["state"] for c in out[:3]] == ["done", "stopped", "stopped"]
