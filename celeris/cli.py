@@ -98,13 +98,30 @@ def cmd_train(args: argparse.Namespace) -> int:
                         kind=args.kind, preset=args.preset, init_from=args.init_from,
                         **{k: v for k, v in (("lr", args.lr), ("mix", args.mix),
                                              ("semi_ar_prob", args.semi_ar_prob),
-                                             ("block_size", args.block_size))
+                                             ("block_size", args.block_size),
+                                             ("tokens_per_batch", args.tokens_per_batch),
+                                             ("certainty", args.certainty),
+                                             ("selfgen", args.selfgen),
+                                             ("selfgen_prob", args.selfgen_prob))
                            if v is not None})
     except user_errors() as exc:
         return error(exc)
     items = ", ".join(f"{k}={_format_value(v)}" for k, v in (summary or {}).items()
                       if isinstance(v, (str, int, float, bool)) or v is None)
     print(f"trained {args.kind} model -> {args.out}: {items}")
+    return 0
+
+
+def cmd_distill_data(args: argparse.Namespace) -> int:
+    from celeris.train.selfgen import distill_data
+
+    try:
+        summary = distill_data(args.model, args.out, requests=args.requests, tasks=args.tasks,
+                               batch=args.batch, seed=args.seed, resume=args.resume,
+                               minutes=args.minutes)
+    except (FileExistsError, *user_errors()) as exc:
+        return error(exc)
+    print(json.dumps(summary))
     return 0
 
 
@@ -203,16 +220,41 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: the preset's)")
     p.add_argument("--init-from", default=None, metavar="DIR",
-                   help="diffusion: start from this trained model's weights and tokenizer "
-                        "(e.g. the AR twin; AR-to-diffusion adaptation)")
+                   help="start from this trained model's weights and tokenizer (diffusion/bd: "
+                        "the AR twin, AR-to-diffusion adaptation; ar: continued training)")
     p.add_argument("--mix", default=None, metavar="WEIGHTS",
-                   help="source weights, e.g. story=0.4,task=0.45,request=0.15 "
-                        "(default story=0.2,task=0.65,request=0.15)")
+                   help="source weights, e.g. task=0.45,long=0.25,longreq=0.3 (sources: story, "
+                        "task, request, long, longreq; default story=0.2,task=0.65,"
+                        "request=0.15)")
+    p.add_argument("--tokens-per-batch", type=int, default=None, metavar="N",
+                   help="tokens per optimizer step, padding included (default: the preset's)")
+    p.add_argument("--certainty", type=float, default=None, metavar="W",
+                   help="bd: weight of the entropy of right predictions (dParallel / CAP "
+                        "certainty term; default 0)")
+    p.add_argument("--selfgen", default=None, metavar="JSONL",
+                   help="self-distillation: a `celeris distill-data` file whose answers the "
+                        "model wrote itself")
+    p.add_argument("--selfgen-prob", type=float, default=None, metavar="P",
+                   help="probability that a task / long-request item comes from --selfgen")
     p.add_argument("--semi-ar-prob", type=float, default=None, metavar="P",
                    help="fraction of story and story-request rows trained in the "
                         "semi-autoregressive state (clean prefix, one masked block, later "
                         "blocks all [MASK]); default 0")
     p.set_defaults(func=cmd_train)
+
+
+def _add_distill_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("distill-data", help="a block-diffusion model answers training prompts "
+                                            "itself (self-distillation data, JSONL)")
+    p.add_argument("--model", required=True, help="block-diffusion model directory")
+    p.add_argument("--out", required=True, help="JSONL file to write (appended with --resume)")
+    p.add_argument("--requests", type=int, default=600, help="long-story requests (600)")
+    p.add_argument("--tasks", type=int, default=600, help="checkable-task prompts (600)")
+    p.add_argument("--batch", type=int, default=16, help="prompts per engine batch (16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--minutes", type=float, default=None, help="stop after this long")
+    p.add_argument("--resume", action="store_true", help="continue an existing file")
+    p.set_defaults(func=cmd_distill_data)
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
@@ -334,8 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="celeris",
                                      description="Celeris: masked-diffusion LLM inference")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_generate, _add_eval, _add_train, _add_serve, _add_bench, _add_batch,
-                _add_space):
+    for add in (_add_generate, _add_eval, _add_train, _add_distill_data, _add_serve, _add_bench,
+                _add_batch, _add_space):
         add(sub)
     return parser
 

@@ -119,14 +119,36 @@ def _attention(blk: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return mask | ~mask.any(-1, keepdim=True)      # padding rows see everything (no NaN)
 
 
-def block_loss(model, inputs: BlockInputs, device: str) -> torch.Tensor:
-    """Mean cross-entropy over the masked targets."""
+def block_loss(model, inputs: BlockInputs, device: str, certainty: float = 0.0
+               ) -> torch.Tensor:
+    """Mean cross-entropy over the masked targets, plus ``certainty`` x the mean entropy of
+    the predictions that are already right (argmax = target).
+
+    The certainty term is the confidence objective of dParallel's certainty-forcing
+    distillation and LLaDA2.0's CAP: cross-entropy alone leaves a right prediction at, say,
+    0.6, below a 0.7 threshold, so threshold decoding waits another forward for it; pushing
+    the entropy of right predictions down lets more positions of a block pass the threshold
+    in one forward. Wrong predictions are left to the cross-entropy (sharpening them would
+    make confident mistakes)."""
     logits = model(inputs.ids.to(device), position_ids=inputs.positions.to(device),
                    attn_mask=inputs.attn.to(device),
                    logits_index=inputs.index.to(device)).logits                  # (B, N, V)
-    targets = inputs.targets.to(device)
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                           ignore_index=IGNORE)
+    logits = logits.float().flatten(0, 1)                                       # (B*N, V)
+    targets = inputs.targets.to(device).flatten()
+    loss = F.cross_entropy(logits, targets, ignore_index=IGNORE)
+    if certainty > 0:
+        loss = loss + certainty * right_entropy(logits, targets)
+    return loss
+
+
+def right_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean entropy (nats) of the rows of ``logits`` (N, V) whose argmax equals their target;
+    0 when there is none (ignored targets never count)."""
+    right = (logits.argmax(-1) == targets) & (targets != IGNORE)
+    if not bool(right.any()):
+        return logits.sum() * 0.0
+    logp = F.log_softmax(logits[right], dim=-1)
+    return -(logp.exp() * logp).sum(-1).mean()
 
 
 @torch.no_grad()

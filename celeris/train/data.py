@@ -38,7 +38,8 @@ IGNORE = -100
 STORY_BUCKETS = ((64, 0.45), (128, 0.40), (256, 0.15))
 TASK_BUCKETS = ((16, 0.25), (32, 0.45), (64, 0.15), (128, 0.08), (256, 0.07))
 REQUEST_BUCKETS = ((64, 0.30), (128, 0.45), (256, 0.25))
-PROMPT_ESTIMATE = {"task": 22, "request": 16}   # mean prompt tokens, for the rows per batch
+LONG_BUCKETS = ((384, 1.0),)            # long stories: 150-400 tokens, for AR/block models
+PROMPT_ESTIMATE = {"task": 22, "request": 16, "longreq": 22}   # mean prompt tokens, for the rows per batch
 SEMI_AR_BLOCKS = (1, 2, 4, 8, 16, 32)             # block lengths of semi-autoregressive rows
 
 
@@ -74,7 +75,7 @@ class Batcher:
     def __init__(self, tokenizer, stream: Stream, tokens_per_batch: int = 4096,
                  prefix_prob: float = 0.25, semi_ar_prob: float = 0.0,
                  story_buckets=STORY_BUCKETS, task_buckets=TASK_BUCKETS,
-                 request_buckets=REQUEST_BUCKETS) -> None:
+                 request_buckets=REQUEST_BUCKETS, long_buckets=LONG_BUCKETS) -> None:
         for name, p in (("prefix_prob", prefix_prob), ("semi_ar_prob", semi_ar_prob),
                         ("prefix_prob + semi_ar_prob", prefix_prob + semi_ar_prob)):
             if not 0.0 <= p <= 1.0:
@@ -85,7 +86,8 @@ class Batcher:
         self.prefix_prob = prefix_prob
         self.semi_ar_prob = semi_ar_prob
         self.buckets = {"story": tuple(story_buckets), "task": tuple(task_buckets),
-                        "request": tuple(request_buckets)}
+                        "request": tuple(request_buckets), "long": tuple(long_buckets),
+                        "longreq": tuple(long_buckets)}
         self.pad, self.bos, self.eos, self.eot = (SPECIAL_IDS["pad"], SPECIAL_IDS["bos"],
                                                   SPECIAL_IDS["eos"], SPECIAL_IDS["eot"])
         self._chat = _chat_renderer(tokenizer)
@@ -108,8 +110,8 @@ class Batcher:
 
     def next(self) -> Batch:
         source = self.stream.pick_source()
-        if source == "story":
-            return self.story_batch(self._bucket("story"))
+        if source in ("story", "long"):
+            return self.story_batch(self._bucket(source), source)
         return self.chat_batch(source, self._bucket(source))
 
     def _semi_ar(self, maskable: torch.Tensor, forced: torch.Tensor, start: int,
@@ -123,7 +125,7 @@ class Batcher:
         forced[cut + block:] = True
 
     # ------------------------------------------------------------------ stories
-    def story_batch(self, length: int) -> Batch:
+    def story_batch(self, length: int, source: str = "story") -> Batch:
         rows = max(1, self.tokens_per_batch // length)
         ids = torch.full((rows, length), self.eos, dtype=torch.long)
         maskable = torch.ones((rows, length), dtype=torch.bool)
@@ -132,7 +134,7 @@ class Batcher:
         for r in range(rows):
             toks = None
             for _ in range(64):
-                cand = [self.bos] + self.encode(self.stream.item("story").text)
+                cand = [self.bos] + self.encode(self.stream.item(source).text)
                 if len(cand) < length:           # room for at least one EOS
                     toks = cand
                     break
@@ -149,7 +151,7 @@ class Batcher:
             maskable[r, :keep] = False
             end = min(n + 1, length)             # the story and its first EOS
             labels[r, 1:end] = ids[r, 1:end]
-        return Batch(ids, None, maskable, labels, "story", length,
+        return Batch(ids, None, maskable, labels, source, length,
                      forced if bool(forced.any()) else None)
 
     # ------------------------------------------------------------------ chats
@@ -180,7 +182,7 @@ class Batcher:
             maskable[r, plen:] = True
             labels[r, plen:plen + len(a)] = ids[r, plen:plen + len(a)]
             # (no draw at all when semi_ar_prob is 0, so older recipes keep their stream)
-            if source == "request" and self.semi_ar_prob > 0 \
+            if source in ("request", "longreq") and self.semi_ar_prob > 0 \
                     and self.rng.random() < self.semi_ar_prob:
                 self._semi_ar(maskable[r], forced[r], plen, plen + len(a))
         return Batch(ids, None if bool(attn.all()) else attn, maskable, labels, source, canvas,

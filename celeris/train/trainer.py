@@ -61,12 +61,12 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
                  semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
-                 eval_stories=128, block_size=8,
+                 eval_stories=128, block_size=8, certainty=0.0, selfgen=None, selfgen_prob=0.0,
                  log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
                   betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
                   semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
-                  block_size=4,
+                  block_size=4, certainty=0.0, selfgen=None, selfgen_prob=0.0,
                   log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
 }
 
@@ -166,11 +166,11 @@ def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torc
                                     batch.maskable.to(device), t.to(device), row_mean)
 
 
-def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: int
-                 ) -> torch.Tensor:
+def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: int,
+                 certainty: float = 0.0) -> torch.Tensor:
     inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen)
     with autocast_ctx(device):
-        return blockdiff.block_loss(model, inputs, device)
+        return blockdiff.block_loss(model, inputs, device, certainty)
 
 
 def ar_step_loss(model, batch, device: str) -> torch.Tensor:
@@ -326,16 +326,20 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     tp = {**TRAIN_PRESETS[preset], **overrides}
     if not (isinstance(tp["lr"], (int, float)) and 0 < tp["lr"] <= 1):
         raise ValueError(f"lr must be in (0, 1], got {tp['lr']!r}")
-    if tp["mix"] is not None:        # validated and logged as a dict of the three weights
+    if not (isinstance(tp["certainty"], (int, float)) and 0 <= tp["certainty"] <= 10):
+        raise ValueError(f"certainty must be in [0, 10], got {tp['certainty']!r}")
+    if tp["certainty"] and kind != "bd":
+        raise ValueError("certainty is a block-diffusion (kind='bd') training term")
+    if tp["selfgen"] is not None:
+        tp["selfgen"] = str(tp["selfgen"])
+        _corpus.load_pool(tp["selfgen"])          # fails early, naming the file and line
+    if tp["mix"] is not None:        # validated and logged as a dict of the source weights
         tp["mix"] = {k: v for k, v in _corpus.Mix.from_weights(tp["mix"]).sources()}
     if not (isinstance(tp["semi_ar_prob"], (int, float))
             and 0 <= tp["semi_ar_prob"] <= 1 - tp["prefix_prob"]):
         raise ValueError(f"semi_ar_prob must be in [0, {1 - tp['prefix_prob']:g}] "
                          f"(1 - prefix_prob), got {tp['semi_ar_prob']!r}")
     if init_from is not None:
-        if kind == "ar":
-            raise ValueError("init_from is for kind='diffusion' or 'bd' (adapting a trained "
-                             "model)")
         init_from = Path(init_from)
         if not (init_from / "model.safetensors").is_file() or not tt.has_tokenizer(init_from):
             raise FileNotFoundError(f"init_from: {init_from} needs model.safetensors and the "
@@ -391,7 +395,9 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     if ckpt is not None:
         box["warmup"] = warmup = ckpt["meta"]["warmup_steps"]
     sched = make_schedule(opt, box["warmup"], box["total"], tp["min_lr_ratio"])
-    stream = _corpus.Stream(seed=seed, mix=_corpus.Mix.from_weights(tp.get("mix")))
+    stream = _corpus.Stream(seed=seed, mix=_corpus.Mix.from_weights(tp.get("mix")),
+                            pool=_corpus.load_pool(tp["selfgen"]) if tp.get("selfgen") else None,
+                            pool_prob=tp.get("selfgen_prob", 0.0))
     batcher = Batcher(tok, stream, tokens_per_batch=tp["tokens_per_batch"],
                       prefix_prob=tp["prefix_prob"], semi_ar_prob=tp.get("semi_ar_prob", 0.0))
     gen = torch.Generator().manual_seed(seed + 1)
@@ -459,7 +465,8 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         if kind == "diffusion":
             loss = diffusion_step_loss(model, batch, gen, device)
         elif kind == "bd":
-            loss = bd_step_loss(model, batch, gen, device, tp["block_size"])
+            loss = bd_step_loss(model, batch, gen, device, tp["block_size"],
+                                tp.get("certainty", 0.0))
         else:
             loss = ar_step_loss(model, batch, device)
         opt.zero_grad(set_to_none=True)

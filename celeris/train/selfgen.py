@@ -1,0 +1,115 @@
+"""Self-distillation data: a block-diffusion model answers training-split prompts itself.
+
+dParallel (certainty-forcing distillation) and LLaDA2.0 train a diffusion LM on its own
+decoding outcomes: a model that learns to reproduce *its own* greedy answers can commit them
+with more confidence, so more positions pass the threshold in one forward. This module writes
+those answers:
+
+    celeris distill-data --model runs/bd --out runs/selfgen.jsonl --requests 600 --tasks 600
+
+Prompts are training-split long-story requests (``corpus.long_request``) and checkable tasks
+(``tasks.random_example``), drawn from a seeded RNG, so the list is fixed for a seed. Answers are
+the model's greedy output at the teacher settings (threshold 0.9, the model's block size, exact
+cache). Only answers worth imitating are kept: a task answer that is right, a story whose every
+sentence the grammar writes, whose hero is kept and whose request is honoured
+(``storycheck``). The file is JSONL, one record per kept answer
+(``{"source", "prompt", "answer"}``) plus a ``{"done": N}`` line after each batch, so a stopped
+run resumes where it stopped (``resume=True`` skips the prompts already answered).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from celeris.train import corpus as _corpus
+from celeris.train import tasks as _tasks
+
+TEACHER = {"decoding": "threshold", "threshold": 0.9, "temperature": 0.0, "cache": "prefix"}
+MAX_NEW_TOKENS = 448
+
+
+def prompts(requests: int, tasks: int, seed: int = 0) -> list[tuple[str, str, Any]]:
+    """(source, user text, what a good answer must satisfy) for the training split:
+    long requests carry their ``StoryRequest``; tasks their ``Example``."""
+    rng = random.Random(f"celeris-selfgen:{seed}")
+    names, weights = zip(*_corpus.Mix().task_weights)
+    out: list[tuple[str, str, Any]] = []
+    for i in range(max(requests, tasks)):
+        if i < requests:
+            r = _corpus.long_request(rng, "train")
+            out.append(("longreq", r.text, r))
+        if i < tasks:
+            ex = _tasks.random_example(rng.choices(names, weights)[0], rng, "train")
+            out.append(("task", ex.prompt, ex))
+    return out
+
+
+def keep(source: str, answer: str, spec: Any) -> bool:
+    """Is the model's answer one to imitate?"""
+    if source == "task":
+        return _tasks.score(spec.task, answer, spec.answer)
+    from celeris.train import storycheck
+    s = storycheck.long_score([answer], [spec])
+    return (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0
+            and s["request_honoured"] == 1.0 and not s["unfinished"])
+
+
+def _done_count(path: Path) -> int:
+    done = 0
+    for line in path.read_text().splitlines():
+        rec = json.loads(line) if line.strip() else {}
+        done = max(done, int(rec.get("done", 0)))
+    return done
+
+
+def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
+                 tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
+                 minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+    """Answer the prompts with ``model`` and append the kept answers to ``out``."""
+    from celeris import Engine
+
+    for name, v in (("requests", requests), ("tasks", tasks)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    if not isinstance(batch, int) or not 1 <= batch <= 256:
+        raise ValueError(f"batch must be an integer in [1, 256], got {batch!r}")
+    out = Path(out)
+    if out.exists() and not resume:
+        raise FileExistsError(f"{out} exists; pass --resume to continue it or remove it")
+    todo = prompts(requests, tasks, seed)
+    done = _done_count(out) if out.exists() else 0
+    engine = Engine.from_pretrained(str(model), device="cpu")
+    if not engine.block_causal:
+        raise ValueError(f"{model} is not a block-diffusion model (config attention "
+                         f"'block_causal'); distill-data writes a block model's own answers")
+    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS, **TEACHER)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
+    seen = {"task": 0, "longreq": 0}
+    with out.open("a") as f:
+        for i in range(done, len(todo), batch):
+            chunk = todo[i:i + batch]
+            results = engine.generate_batch([[{"role": "user", "content": text}]
+                                             for _, text, _ in chunk], params)
+            for (source, text, spec), r in zip(chunk, results):
+                seen[source] += 1
+                tokens += len(r.token_ids)
+                nfe += r.nfe
+                if keep(source, r.text, spec):
+                    kept[source] += 1
+                    f.write(json.dumps({"source": source, "prompt": text,
+                                        "answer": r.text}) + "\n")
+            f.write(json.dumps({"done": i + len(chunk)}) + "\n")
+            f.flush()
+            if progress:
+                print(f"distill-data: {i + len(chunk)}/{len(todo)} prompts, kept {kept}, "
+                      f"{tokens / max(time.time() - t0, 1e-9):.0f} tok/s", flush=True)
+            if minutes is not None and time.time() - t0 > minutes * 60:
+                break
+    return {"out": str(out), "answered": seen, "kept": kept, "tokens": tokens,
+            "tokens_per_forward": tokens / nfe if nfe else 0.0,
+            "wall_time_s": round(time.time() - t0, 1), "teacher": TEACHER}

@@ -1,0 +1,197 @@
+"""The long-story corpus, the certainty term and the self-distillation data (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from celeris.train import blockdiff, corpus
+from celeris.train.data import IGNORE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- corpus
+def test_long_stories_are_150_to_400_tokens_with_the_shipped_tokenizer():
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(ROOT / "models" / "celeris-tiny" / "tokenizer.json"))
+    rng = random.Random(1)
+    stories = [corpus.long_story(rng) for _ in range(150)]
+    lengths = [len(tok.encode(s).ids) for s in stories]
+    assert 150 <= min(lengths) and max(lengths) <= 400
+    assert all(3 <= s.count("\n\n") + 1 <= 7 for s in stories)      # several paragraphs
+    assert len(set(stories)) == len(stories)
+
+
+def test_long_story_keeps_the_constrained_hero_to_the_end():
+    rng = random.Random(2)
+    for _ in range(30):
+        s = corpus.long_story(rng, kind="fox", name="Pip", adj="brave")
+        first, last = s.split("\n\n")[0], s.split("\n\n")[-1]
+        assert "fox" in first and "Pip" in first and "brave" in first
+        assert "Pip" in last
+
+
+def test_heldout_long_requests_are_fixed_and_disjoint_from_training_stories():
+    held = corpus.heldout_long_requests(20)
+    assert [r.text for r in held] == [r.text for r in corpus.heldout_long_requests(20)]
+    assert all(corpus.story_split(r.story) == "eval" for r in held)
+    rng = random.Random(3)
+    train = {corpus.long_request(rng).story for _ in range(200)}
+    assert not train & {r.story for r in held}
+    assert all(corpus.story_split(s) == "train" for s in train)
+
+
+def test_long_request_asks_only_for_what_its_text_names():
+    rng = random.Random(4)
+    for _ in range(100):
+        r = corpus.long_request(rng)
+        for field, value in r.asks.items():
+            assert value in r.text, (field, value, r.text)
+        if "name" in r.asks:
+            assert r.story.count(r.asks["name"]) >= 2
+
+
+def test_zero_weight_long_sources_leave_the_old_stream_unchanged():
+    """celeris-tiny's recipe (the default Mix) must draw exactly the sources it drew before
+    the long sources existed."""
+    stream = corpus.Stream(seed=0)
+    rng = random.Random("celeris-stream:0")
+    old = [rng.choices(("story", "task", "request"), (0.20, 0.65, 0.15))[0]
+           for _ in range(300)]
+    assert [stream.pick_source() for _ in range(300)] == old
+
+
+def test_mix_accepts_the_long_sources_and_names_them_in_errors():
+    mix = corpus.Mix.from_weights("story=0,request=0,task=0.45,long=0.25,longreq=0.3")
+    assert dict(mix.sources())["longreq"] == 0.3
+    with pytest.raises(ValueError, match="longreq"):
+        corpus.Mix.from_weights("novel=1")
+    stream = corpus.Stream(seed=0, mix=mix)
+    assert {stream.pick_source() for _ in range(200)} == {"task", "long", "longreq"}
+    item = stream.item("longreq")
+    assert item.messages[0][0] == "user" and len(item.answer.split()) >= 125
+
+
+# ----------------------------------------------------------------------------- self-generated pool
+def _write_pool(path: Path, lines: list) -> Path:
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path
+
+
+def test_pool_items_replace_generated_ones_with_the_given_probability(tmp_path):
+    pool = corpus.load_pool(_write_pool(tmp_path / "p.jsonl", [
+        {"source": "task", "prompt": "Copy: 1 2", "answer": "1 2"}, {"done": 1},
+        {"source": "longreq", "prompt": "Tell me a story.", "answer": "Once."}, {"done": 2}]))
+    assert {k: len(v) for k, v in pool.items()} == {"task": 1, "longreq": 1}
+    always = corpus.Stream(seed=0, pool=pool, pool_prob=1.0)
+    assert always.item("task").answer == "1 2" and always.item("longreq").answer == "Once."
+    assert always.item("story").source == "story"         # no pool for plain stories
+    never = corpus.Stream(seed=0, pool=pool, pool_prob=0.0)
+    assert all(never.item("task") is not pool["task"][0] for _ in range(50))
+    half = corpus.Stream(seed=5, pool=pool, pool_prob=0.5)
+    share = sum(half.item("task").answer == "1 2" for _ in range(400)) / 400
+    assert 0.4 < share < 0.6
+
+
+def test_pool_errors_name_the_file_and_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        corpus.load_pool(tmp_path / "missing.jsonl")
+    bad = _write_pool(tmp_path / "bad.jsonl", [{"source": "task", "prompt": "x", "answer": "y"},
+                                               {"prompt": "no source"}])
+    with pytest.raises(ValueError, match=r"line 2"):
+        corpus.load_pool(bad)
+    with pytest.raises(ValueError, match="no records"):
+        corpus.load_pool(_write_pool(tmp_path / "empty.jsonl", [{"done": 0}]))
+    with pytest.raises(ValueError, match="selfgen_prob"):
+        corpus.Stream(pool={"task": []}, pool_prob=1.5)
+
+
+# ----------------------------------------------------------------------------- certainty term
+def test_right_entropy_averages_only_the_right_predictions():
+    logits = torch.tensor([[2.0, 0.0, 0.0],      # argmax 0, target 0: right
+                           [0.0, 3.0, 0.0],      # argmax 1, target 2: wrong
+                           [0.0, 0.0, 1.0],      # right, but its target is ignored
+                           [1.0, 1.0, 5.0]])     # right
+    targets = torch.tensor([0, 2, IGNORE, 2])
+
+    def entropy(row):
+        p = torch.softmax(row, -1)
+        return float(-(p * p.log()).sum())
+    want = (entropy(logits[0]) + entropy(logits[3])) / 2
+    assert math.isclose(float(blockdiff.right_entropy(logits, targets)), want, rel_tol=1e-6)
+    none = blockdiff.right_entropy(logits, torch.tensor([1, 0, 0, 0]))
+    assert float(none) == 0.0
+
+
+def test_certainty_adds_its_weight_times_the_right_entropy():
+    from celeris import CelerisConfig, CelerisForMaskedDiffusion
+    from celeris.train.data import Batch
+    torch.manual_seed(0)
+    cfg = CelerisConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=2, shift_logits=True,
+                        attention="block_causal", block_size=4, mask_token_id=3,
+                        initializer_range=1.0)
+    model = CelerisForMaskedDiffusion(cfg).eval()
+    ids = torch.randint(5, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, :2] = IGNORE
+    batch = Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), labels, "story", 12)
+    inputs = blockdiff.block_inputs(batch, 4, 3, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        plain = float(blockdiff.block_loss(model, inputs, "cpu"))
+        sharp = float(blockdiff.block_loss(model, inputs, "cpu", certainty=0.5))
+        logits = model(inputs.ids, position_ids=inputs.positions, attn_mask=inputs.attn,
+                       logits_index=inputs.index).logits.flatten(0, 1)
+        ent = float(blockdiff.right_entropy(logits, inputs.targets.flatten()))
+    assert ent > 0
+    assert math.isclose(sharp - plain, 0.5 * ent, rel_tol=1e-4)
+
+
+def test_train_refuses_bad_certainty_and_selfgen(tmp_path):
+    from celeris.train import train
+    with pytest.raises(ValueError, match=r"certainty must be in \[0, 10\]"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="bd", certainty=-1, progress=False)
+    with pytest.raises(ValueError, match="kind='bd'"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="ar", certainty=0.5,
+              progress=False)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="bd",
+              selfgen=str(tmp_path / "none.jsonl"), progress=False)
+
+
+@pytest.mark.slow
+def test_distill_data_writes_resumable_records_and_a_bd_run_trains_on_them(tmp_path,
+                                                                          monkeypatch):
+    from celeris.train import train
+    from celeris.train.selfgen import distill_data, prompts
+    monkeypatch.setenv("CELERIS_THREADS", "1")
+    train(tmp_path / "ar", preset="micro", seed=0, progress=False, steps=2, kind="ar")
+    train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
+          init_from=tmp_path / "ar")
+    out = tmp_path / "self.jsonl"
+    first = distill_data(tmp_path / "bd", out, requests=1, tasks=1, batch=2, progress=False)
+    assert sum(first["answered"].values()) == 2
+    with pytest.raises(FileExistsError):
+        distill_data(tmp_path / "bd", out, requests=1, tasks=1, progress=False)
+    again = distill_data(tmp_path / "bd", out, requests=2, tasks=2, batch=2, resume=True,
+                         progress=False)
+    assert sum(again["answered"].values()) == 2          # only the two new prompts
+    marks = [json.loads(x)["done"] for x in out.read_text().splitlines()
+             if "done" in json.loads(x)]
+    assert marks == [2, 4]
+    assert [p[0] for p in prompts(2, 2)] == ["longreq", "task", "longreq", "task"]
+    # an untrained model's answers are rarely kept; train on a pool with a known record
+    with out.open("a") as f:
+        f.write(json.dumps({"source": "task", "prompt": "Copy: 1 2", "answer": "1 2"}) + "\n")
+    run = train(tmp_path / "bd2", preset="micro", seed=0, progress=False, steps=2, kind="bd",
+                init_from=tmp_path / "ar", selfgen=str(out), selfgen_prob=1.0, certainty=0.5)
+    log = json.loads((tmp_path / "bd2" / "train_log.json").read_text())
+    assert log["train_config"]["certainty"] == 0.5
+    assert log["train_config"]["selfgen"] == str(out)
+    assert len(run["losses"]) == 2 and all(0 < x < 100 for x in run["losses"])
