@@ -22,6 +22,7 @@ FAST_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
       for c in ("none", "prefix", "dual")),
 )
 DEFAULT_BEST = "threshold 0.9 / prefix"
+MODEL_DEFAULTS: dict[str, Any] = {}       # no changes: the model's generation_config.json
 ACCURACY_TOLERANCE = 0.02     # "within 2 points" (issue 4)
 
 DECODE_COLUMNS = (("config", "config", "s"), ("tokens_per_s", "tok/s", ".2f"),
@@ -155,13 +156,16 @@ def run_ar(ctx: BenchContext) -> dict[str, Any]:
         ar_row = measure_ar(ctx, examples, batch, ctx.gen_length)
         ar_row["system"] = "AR twin"
         rows.append(ar_row)
-        for label, (name, changes) in (("Celeris reference", REFERENCE),
-                                       ("Celeris fast", (best, fast_changes(best)))):
+        systems = [("Celeris reference", REFERENCE),
+                   ("Celeris fast", (best, fast_changes(best)))]
+        if ctx.block_causal:     # what a user gets: the model's own generation_config.json
+            systems.append(("Celeris", ("model defaults", MODEL_DEFAULTS)))
+        for label, (name, changes) in systems:
             row = _reusable(decode, name, batch) or measure_celeris(
                 ctx, name, ctx.base_params(**changes), examples, batch)
             row["system"] = f"{label} ({name})"
             rows.append(row)
-        for row in rows[-3:]:
+        for row in rows[-len(systems) - 1:]:
             tps = ar_row["tokens_per_s"]
             row["vs_ar"] = row["tokens_per_s"] / tps if tps else None
     notes = [f"AR twin: {ctx.ar_path()} via transformers generate(), greedy, KV cache, "

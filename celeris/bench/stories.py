@@ -1,0 +1,101 @@
+"""stories: long-story requests, Celeris at the model's default settings against the AR twin.
+
+The checkable tasks have answers of 3-40 tokens, too short to show what parallel decoding does
+on long outputs. This suite sends held-out long-story requests ("Tell me a story about a brave
+fox named Pip.", answers of 150-400 tokens) to both systems at batch 1 and batch 8, in one
+process, and scores every answer with ``storycheck.long_score``: sentences in shapes the story
+grammar writes, the hero kept by name from start to end, the request honoured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .common import BenchContext, messages, section, timed_batches
+
+STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
+                 ("tokens_per_s", "tok/s", ".2f"), ("tokens_per_forward", "TPF", ".2f"),
+                 ("grammatical", "grammar", ".3f"), ("hero_kept", "hero", ".3f"),
+                 ("request_honoured", "request", ".3f"), ("vs_ar", "x AR", ".2f"),
+                 ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
+MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
+REQUESTS_PER_N = 8            # --n 5 -> 40 requests
+
+
+def requests_for(ctx: BenchContext) -> list[Any]:
+    from celeris.train.corpus import heldout_long_requests
+    return heldout_long_requests(REQUESTS_PER_N * ctx.n)
+
+
+def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list[int] | None,
+         walls: list[float], requests: Sequence[Any], params: dict[str, Any]
+         ) -> dict[str, Any]:
+    from celeris.train.storycheck import long_score
+
+    quality = long_score(texts, list(requests))
+    total, wall = sum(tokens), sum(walls)
+    row = {"system": system, "batch": batch, "requests": len(texts),
+           "completion_tokens": total, "wall_s": wall,
+           "tokens_per_s": total / wall if wall > 0 else 0.0,
+           "mean_tokens": total / len(texts) if texts else 0.0, "params": params,
+           **{k: quality[k] for k in ("grammatical", "hero_kept", "request_honoured")},
+           "quality": quality, "samples": texts[:2]}
+    if nfe is not None:
+        row["tokens_per_forward"] = total / sum(nfe) if sum(nfe) else 0.0
+    return row
+
+
+def measure_celeris(ctx: BenchContext, requests: Sequence[Any], batch: int) -> dict[str, Any]:
+    engine = ctx.engine
+    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS, seed=0, stop=())
+    bar = ctx.bar(len(requests), f"Celeris batch {batch}")
+    results, walls = timed_batches(
+        lambda chunk: engine.generate_batch([messages(r.text) for r in chunk], params),
+        requests, batch, bar)
+    bar.close()
+    return _row("Celeris (model defaults)", batch, [r.text for r in results],
+                [r.usage.completion_tokens for r in results], [r.nfe for r in results], walls,
+                requests, params.to_dict())
+
+
+def measure_ar(ctx: BenchContext, requests: Sequence[Any], batch: int) -> dict[str, Any]:
+    ar = ctx.ar
+    bar = ctx.bar(len(requests), f"AR batch {batch}")
+    results, walls = timed_batches(
+        lambda chunk: ar.generate_batch([messages(r.text) for r in chunk], MAX_NEW_TOKENS),
+        requests, batch, bar)
+    bar.close()
+    return _row("AR twin (transformers generate)", batch, [r["text"] for r in results],
+                [r["completion_tokens"] for r in results], None, walls, requests,
+                {"max_new_tokens": MAX_NEW_TOKENS, "decoding": "greedy", "kv_cache": True})
+
+
+def run_stories(ctx: BenchContext) -> dict[str, Any]:
+    requests = requests_for(ctx)
+    warm = [messages(requests[0].text)]
+    ctx.ar.generate_batch(warm, 8)                       # skips early when the twin is missing
+    ctx.engine.generate_batch(warm, ctx.engine.default_params().replace(gen_length=16))
+    rows = []
+    for batch in (1, 8):
+        ar_row = measure_ar(ctx, requests, batch)
+        cel_row = measure_celeris(ctx, requests, batch)
+        for row in (ar_row, cel_row):
+            tps = ar_row["tokens_per_s"]
+            row["vs_ar"] = row["tokens_per_s"] / tps if tps else None
+        rows += [ar_row, cel_row]
+    info = ctx.engine.info()
+    settings = {"model": info["path"], "dtype": info["dtype"], "device": info["device"],
+                "ar_model": ctx.ar.info(), "requests": len(requests), "batches": [1, 8],
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "celeris_params": ctx.engine.default_params().to_dict(),
+                "prompt_source": "celeris.train.corpus.heldout_long_requests (held-out), "
+                                 "as chat messages"}
+    notes = ["Celeris runs the model's own defaults (generation_config.json) with gen_length "
+             f"a cap of {MAX_NEW_TOKENS}; the AR twin runs greedy generate() with "
+             f"max_new_tokens = {MAX_NEW_TOKENS}",
+             "grammar = fraction of sentences in shapes the story grammar writes; hero = "
+             "fraction of stories whose named hero is kept to the end; request = fraction "
+             "whose hero/place/object is the one asked for (celeris.train.storycheck)",
+             "TPF = completion tokens / model forwards (Celeris only)"]
+    return section("stories", "Long-story requests: Celeris vs the autoregressive twin",
+                   STORY_COLUMNS, rows, settings, notes)
