@@ -186,26 +186,50 @@ class _Story:
         return self.hero.ref(self.rng, pronoun_ok=bool(self.sentences))
 
 
+# Opening sentences, one per form; a form may decline (None) when the hero has no name, and
+# the last form is the fallback. ``rng.randrange`` over the forms picks one.
+def _open_there_was(st: _Story) -> str:
+    return f"once upon a time, there was {st.hero.intro(st.rng)}."
+
+
+def _open_there_lived(st: _Story) -> str:
+    return f"once upon a time, {st.place}, there lived {st.hero.intro(st.rng)}."
+
+
+def _open_walk(st: _Story) -> str:
+    return f"{st.one_day()}, {st.hero.intro(st.rng)} went for a walk {st.place}."
+
+
+def _open_long_ago(st: _Story) -> str:
+    return f"long ago, {st.hero.intro(st.rng)} lived {st.place}."
+
+
+def _open_loved_to(st: _Story) -> str:
+    act = st.rng.choice(ACTIVITIES)
+    return f"there was once {st.hero.intro(st.rng)} who loved to {act}."
+
+
+def _open_named(st: _Story) -> str | None:
+    h = st.hero
+    if not h.name:
+        return None
+    h.mentioned = True
+    return f"{h.name} was {article(h.adj + ' ' + h.kind)} who lived {st.place}."
+
+
+def _open_outside(st: _Story) -> str:
+    rng = st.rng
+    return (f"it was a {rng.choice(('quiet', 'sunny', 'rainy', 'cold', 'warm', 'busy'))} "
+            f"{rng.choice(TIMES)} {st.place}, and {st.hero.intro(rng)} was outside.")
+
+
+OPENINGS = (_open_there_was, _open_there_lived, _open_walk, _open_long_ago, _open_loved_to,
+            _open_named, _open_outside)
+
+
 def _opening(st: _Story) -> None:
-    rng, h = st.rng, st.hero
-    form = rng.randrange(7)
-    if form == 0:
-        st.say(f"once upon a time, there was {h.intro(rng)}.")
-    elif form == 1:
-        st.say(f"once upon a time, {st.place}, there lived {h.intro(rng)}.")
-    elif form == 2:
-        st.say(f"{st.one_day()}, {h.intro(rng)} went for a walk {st.place}.")
-    elif form == 3:
-        st.say(f"long ago, {h.intro(rng)} lived {st.place}.")
-    elif form == 4:
-        act = rng.choice(ACTIVITIES)
-        st.say(f"there was once {h.intro(rng)} who loved to {act}.")
-    elif form == 5 and h.name:
-        h.mentioned = True
-        st.say(f"{h.name} was {article(h.adj + ' ' + h.kind)} who lived {st.place}.")
-    else:
-        st.say(f"it was a {rng.choice(('quiet', 'sunny', 'rainy', 'cold', 'warm', 'busy'))} "
-               f"{rng.choice(TIMES)} {st.place}, and {h.intro(rng)} was outside.")
+    form = st.rng.randrange(len(OPENINGS))
+    st.say(OPENINGS[form](st) or OPENINGS[-1](st))
 
 
 def _arc_activity(st: _Story) -> int:
@@ -339,6 +363,19 @@ def _ending(st: _Story) -> None:
     st.say(rng.choice(options))
 
 
+# The arcs of a short story, by cumulative probability: a uniform draw r picks the first arc
+# whose bound is above r (activity 15%, weather 7%, feeling 8%, find 20%, meet 20%, lose 15%,
+# goal 15%). An arc gets the sentences left (``room``) and returns how many it wrote.
+STORY_ARCS = ((0.15, lambda st, room: _arc_activity(st)),
+              (0.22, lambda st, room: _arc_weather(st)),
+              (0.30, lambda st, room: _arc_feeling(st)),
+              (0.50, _arc_find), (0.70, _arc_meet), (0.85, _arc_lose), (1.01, _arc_goal))
+
+
+def _arc_at(r: float):
+    return next(arc for bound, arc in STORY_ARCS if r < bound)
+
+
 def story(rng: random.Random, *, kind: str | None = None, name: str | None = None,
           adj: str | None = None, place: str | None = None, obj: str | None = None,
           sentences: int | None = None) -> str:
@@ -352,21 +389,7 @@ def story(rng: random.Random, *, kind: str | None = None, name: str | None = Non
         r = rng.random()
         if obj is not None and st.sentences and len(st.sentences) == 1:
             r = 0.30 if rng.random() < 0.5 else 0.70   # make sure the object appears
-        if r < 0.15:
-            used = _arc_activity(st)
-        elif r < 0.22:
-            used = _arc_weather(st)
-        elif r < 0.30:
-            used = _arc_feeling(st)
-        elif r < 0.50:
-            used = _arc_find(st, room)
-        elif r < 0.70:
-            used = _arc_meet(st, room)
-        elif r < 0.85:
-            used = _arc_lose(st, room)
-        else:
-            used = _arc_goal(st, room)
-        room -= used
+        room -= _arc_at(r)(st, room)
     _ending(st)
     return " ".join(st.sentences)
 
@@ -455,13 +478,16 @@ LONG_PLOT_ARCS = ("find", "meet", "lose", "goal")
 LONG_FILLERS = (("activity", 0.45), ("feeling", 0.35), ("weather", 0.20))
 
 
+FILLER_ARCS = {"activity": _arc_activity, "feeling": _arc_feeling, "weather": _arc_weather}
+PLOT_ARCS = {"find": _arc_find, "meet": _arc_meet, "lose": _arc_lose, "goal": _arc_goal}
+
+
 def _filler(st: _Story, name: str) -> int:
-    return {"activity": _arc_activity, "feeling": _arc_feeling, "weather": _arc_weather}[name](st)
+    return FILLER_ARCS[name](st)
 
 
 def _plot(st: _Story, name: str, room: int) -> int:
-    return {"find": _arc_find, "meet": _arc_meet, "lose": _arc_lose, "goal": _arc_goal}[name](
-        st, room)
+    return PLOT_ARCS[name](st, room)
 
 
 def _long_story_once(rng: random.Random, hero: Character, place: str, obj: str | None) -> str:
@@ -661,6 +687,32 @@ class Item:
         return [{"role": r, "content": c} for r, c in self.messages]
 
 
+def _task_item(rng: random.Random, mix: Mix) -> Item:
+    names, weights = zip(*mix.task_weights)
+    ex = _tasks.random_example(rng.choices(names, weights)[0], rng, "train")
+    return Item("task", messages=(("user", ex.prompt),), answer=ex.answer)
+
+
+def _request_item(rng: random.Random, mix: Mix) -> Item:
+    q, s = story_request(rng)
+    return Item("request", messages=(("user", q),), answer=s)
+
+
+def _long_request_item(rng: random.Random, mix: Mix) -> Item:
+    r = long_request(rng)
+    return Item("longreq", messages=(("user", r.text),), answer=r.story)
+
+
+# source name -> builder(rng, mix) of one training item of that source
+ITEM_BUILDERS = {
+    "story": lambda rng, mix: Item("story", text=random_story(rng)),
+    "task": _task_item,
+    "request": _request_item,
+    "long": lambda rng, mix: Item("long", text=random_long_story(rng)),
+    "longreq": _long_request_item,
+}
+
+
 class Stream:
     """The infinite, seeded training stream; ``state()``/``set_state()`` make it resumable.
 
@@ -691,20 +743,9 @@ class Stream:
         rng = self.rng
         if self.pool_prob and source in self.pool and rng.random() < self.pool_prob:
             return rng.choice(self.pool[source])
-        if source == "story":
-            return Item("story", text=random_story(rng))
-        if source == "task":
-            names, weights = zip(*self.mix.task_weights)
-            ex = _tasks.random_example(rng.choices(names, weights)[0], rng, "train")
-            return Item("task", messages=(("user", ex.prompt),), answer=ex.answer)
-        if source == "request":
-            q, s = story_request(rng)
-            return Item("request", messages=(("user", q),), answer=s)
-        if source == "long":
-            return Item("long", text=random_long_story(rng))
-        if source == "longreq":
-            r = long_request(rng)
-            return Item("longreq", messages=(("user", r.text),), answer=r.story)
+        build = ITEM_BUILDERS.get(source)
+        if build is not None:
+            return build(rng, self.mix)
         raise ValueError(f"unknown source {source!r}")
 
     def __iter__(self) -> Iterator[Item]:
