@@ -40,7 +40,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     env = os.environ
     p = argparse.ArgumentParser(prog="app.py", description="Celeris playground + OpenAI API")
     p.add_argument("--model", default=None,
-                   help="local model directory or hub id (default: models/celeris-tiny)")
+                   help="local model directory or hub id (default: models/celeris-tiny-bd, "
+                        "block diffusion; models/celeris-tiny is the full-canvas one)")
     p.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to bind (default 127.0.0.1; env GRADIO_SERVER_NAME)")
     p.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", "7860")),
@@ -55,8 +56,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ar-model", default=None,
                    help="autoregressive twin for the Race tab (default models/celeris-tiny-ar)")
     p.add_argument("--canvas-model", default=None,
-                   help="full-attention model the Race tab runs next to a block-diffusion one "
-                        "(default models/celeris-tiny)")
+                   help="full-attention model that the Race tab runs next to a block-diffusion "
+                        "one and that the Infill tab fills with (default models/celeris-tiny)")
     p.add_argument("--share", action="store_true",
                    help="public share link (not available for the mounted app; see message)")
     p.add_argument("--require-key", action="store_true",

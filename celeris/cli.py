@@ -193,9 +193,13 @@ def cmd_space(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------- parser
+MODEL_HELP = ("model directory or hub id (default: models/celeris-tiny-bd, the shipped "
+              "block-diffusion model; models/celeris-tiny is the full-canvas one)")
+
+
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="generate one answer and print it")
-    p.add_argument("--model", default=None, help="model directory (default: shipped model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--prompt", required=True, help="prompt text")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
@@ -259,7 +263,9 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="score a model on the checkable tasks")
-    p.add_argument("--model", default=None, help="model directory (default: shipped model)")
+    p.add_argument("--model", default=None,
+                   help="model directory (default: models/celeris-tiny-bd, or "
+                        "models/celeris-tiny-ar with --kind ar)")
     p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"),
                    help="diffusion (any diffusion model, block-causal too) or ar (the twin)")
     p.add_argument("--limit", type=int, default=None, help="examples per task")
@@ -273,7 +279,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible API server")
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None,
@@ -311,7 +317,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                         "comma list")
     p.add_argument("--json", default=None, metavar="PATH", help="write the JSON report here")
     p.add_argument("--html", default=None, metavar="PATH", help="write the HTML report here")
-    p.add_argument("--model", default=None, help="model directory (default: shipped model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--ar-model", default=None, metavar="PATH",
                    help="autoregressive twin (default: models/celeris-tiny-ar)")
     p.add_argument("--n", type=int, default=None, help="prompts per checkable task (5)")
@@ -338,7 +344,7 @@ def _add_batch(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", metavar="INPUT", help="input .jsonl")
     p.add_argument("--output", default=None, metavar="OUT")
     p.add_argument("--errors", default=None, metavar="ERR")
-    p.add_argument("--model", default=None)
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--url", default=None, help="remote server base URL (default: in-process)")
     p.add_argument("--api-key", default=None,
                    help="--url: bearer key (default: env CELERIS_API_KEY)")

@@ -34,7 +34,7 @@ from .steploop import StepLoop, cut_at_stop, is_final  # noqa: F401 (cut_at_stop
 from .tokenizer import Messages, Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = REPO_ROOT / "models" / "celeris-tiny"
+DEFAULT_MODEL = REPO_ROOT / "models" / "celeris-tiny-bd"   # the shipped block-diffusion model
 Prompt = str | Messages | list[int]   # text, chat messages, or token ids
 
 
@@ -79,12 +79,17 @@ class Engine:
     @classmethod
     def from_pretrained(cls, path_or_id: str | Path | None = None, device: str = "auto",
                         dtype: str = "auto", **engine_options: Any) -> "Engine":
-        """Load a local Hugging Face-format directory or a hub id (None = celeris-tiny)."""
+        """Load a local Hugging Face-format directory or a hub id (None = the shipped
+        block-diffusion model, models/celeris-tiny-bd; the full-attention one, which can also
+        infill, is models/celeris-tiny)."""
         config = EngineConfig(device=device, dtype=dtype, **engine_options)
         if path_or_id is None:
             if not (DEFAULT_MODEL / "config.json").is_file():
-                raise ModelLoadError(f"the shipped model is missing at {DEFAULT_MODEL}; train it "
-                                     "with `python -m celeris train --out models/celeris-tiny`")
+                raise ModelLoadError(
+                    f"the shipped model is missing at {DEFAULT_MODEL}; train it with `python -m "
+                    "celeris train --kind bd --out models/celeris-tiny-bd --init-from "
+                    "models/celeris-tiny-ar` (its model card has the exact command), or give "
+                    "another model directory (e.g. models/celeris-tiny)")
             path_or_id = DEFAULT_MODEL
         model, model_dir = load_model(path_or_id, device=config.device, dtype=config.dtype)
         tokenizer = Tokenizer.load(model_dir, model.config)
@@ -92,6 +97,11 @@ class Engine:
 
     def default_params(self) -> GenerationParams:
         return self._defaults
+
+    @property
+    def block_size(self) -> int | None:
+        """A block-causal model's block size (from its config); None for full attention."""
+        return int(self.model.config.block_size) if self.block_causal else None
 
     # ------------------------------------------------------------------ requests
     def prepare(self, prompt: Prompt, params: GenerationParams | None = None,
@@ -112,6 +122,8 @@ class Engine:
             raise ContextLengthError(len(ids), params.gen_length, limit)
         if len(ids) > self.config.max_prompt_tokens:
             raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
+        if canvas is not None and self.block_causal:
+            raise ValueError(infill_refusal(self.model_dir.name))
         if canvas is not None and len(canvas) != params.canvas_length:
             raise ValueError(f"canvas has {len(canvas)} positions but gen_length "
                              f"{params.gen_length} needs {params.canvas_length}")
@@ -146,6 +158,8 @@ class Engine:
 
     def infill_request(self, text: str, params: GenerationParams | None, span: int,
                        marker: str) -> tuple[list[int], list[int], GenerationParams]:
+        if self.block_causal:
+            raise ValueError(infill_refusal(self.model_dir.name))
         if not isinstance(span, int) or not 1 <= span <= 64:
             raise ValueError(f"span must be an integer in [1, 64], got {span!r}")
         parts = split_infill(text, marker)
@@ -238,7 +252,8 @@ class Engine:
                "architecture": cfg.model_type, "parameters": n_params,
                "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                "device": str(self.device), "context_length": cfg.max_position_embeddings,
-               "defaults": self._defaults.to_dict()}
+               "attention": "block_causal" if self.block_causal else "bidirectional",
+               "block_size": self.block_size, "defaults": self._defaults.to_dict()}
         out.update(memory_info(self.device))
         out.update({f"scheduler_{k}": v for k, v in self.stats().items()})
         return out
@@ -470,10 +485,17 @@ def check_block_params(params: GenerationParams, block_size: int,
         raise ValueError(f"block_length must divide the model's block size {block_size} "
                          f"(one of {', '.join(map(str, divisors))}), got {params.block_length}")
     if canvas is not None:
-        raise ValueError("infilling needs a full-attention model; this model is block-causal "
-                         "(it writes left to right, block after block)")
+        raise ValueError(infill_refusal("this model"))
     if params.cfg_scale > 0:
         raise ValueError("cfg_scale > 0 is not supported for block-causal models")
+
+
+def infill_refusal(model: str) -> str:
+    """Why a block-causal model does not infill, and which model does."""
+    return (f"{model} is a block-diffusion (block-causal) model: it writes left to right, "
+            "block after block, so it cannot fill [MASK] spans between pinned text; infill "
+            "with a full-attention model such as models/celeris-tiny "
+            "(Engine.from_pretrained(\"models/celeris-tiny\"), or --model models/celeris-tiny)")
 
 
 def memory_info(device: torch.device) -> dict[str, Any]:

@@ -206,3 +206,37 @@ def test_overload_refuses_exactly_the_excess_with_429_and_metrics_stay_within_ca
     assert max(o[2] for o in refused) < min(o[2] for o in served)   # refused at once
     assert 0 < peaks["celeris_running_requests"] <= 2
     assert peaks["celeris_queue_depth"] <= 2
+
+
+# ---------------------------------------------------------------------- the default model
+def test_the_default_block_diffusion_model_serves_completions_and_chat():
+    """No --model: the shipped block-diffusion model; its id is its folder name, max_tokens a
+    cap (not a multiple of its block), and a block length that does not divide its block size
+    is refused with 400 naming it. Answers equal the engine's own (greedy defaults)."""
+    from celeris.engine import DEFAULT_MODEL
+
+    if not (DEFAULT_MODEL / "config.json").is_file():
+        pytest.skip(f"needs the shipped model at {DEFAULT_MODEL}")
+    engine = celeris.Engine.from_pretrained(None, device="cpu")
+    assert engine.block_causal
+    size, defaults = engine.block_size, engine.default_params()
+    try:
+        with live_server(create_app(engine)) as base:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+            assert [m.id for m in client.models.list().data] == [DEFAULT_MODEL.name]
+            cap = size + 3
+            out = client.completions.create(model=DEFAULT_MODEL.name, prompt="Once upon a time",
+                                            max_tokens=cap)
+            expected = engine.generate("Once upon a time", defaults.replace(gen_length=cap))
+            assert out.choices[0].text == expected.text
+            assert out.usage.completion_tokens == expected.usage.completion_tokens <= cap
+            messages = [{"role": "user", "content": "sort: 3 1 2"}]
+            chat = client.chat.completions.create(model=DEFAULT_MODEL.name, messages=messages,
+                                                  max_tokens=16)
+            expected = engine.generate(messages, defaults.replace(gen_length=16))
+            assert chat.choices[0].message.content == expected.text
+            with pytest.raises(openai.BadRequestError, match=f"block size {size}"):
+                client.completions.create(model=DEFAULT_MODEL.name, prompt="hi", max_tokens=8,
+                                          extra_body={"block_length": 2 * size})
+    finally:
+        engine.stop()

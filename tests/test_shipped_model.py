@@ -2,7 +2,10 @@
 
 Thresholds come from each model's eval.json (written with its README by
 ``python -m celeris eval --model DIR --card``), minus a margin for the smaller slice used here,
-so a broken loader, tokenizer or sampler fails CI.
+so a broken loader, tokenizer or sampler fails CI. The default model (``from_pretrained()``,
+the CLI without --model) is the block-diffusion celeris-tiny-bd; its block size, threshold and
+outputs are read from it, never written here (it is retrained from time to time). The card
+thresholds and infill checks are those of the full-attention celeris-tiny, loaded by path.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from celeris.train.evaluate import HELDOUT_STORIES
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "models" / "celeris-tiny"
+BD = REPO / "models" / "celeris-tiny-bd"
 TWIN = REPO / "models" / "celeris-tiny-ar"
 SLICE = 8            # held-out problems per task
 MARGIN = 0.15        # accuracy points allowed below the card on the slice
@@ -42,18 +46,34 @@ def test_shipped_model_scores_as_its_card_says():
     assert report["masked_loss"] < 5.0     # random weights score ~log(vocab) = 7.2
 
 
-def test_default_engine_is_the_shipped_model_and_writes_stories():
-    engine = Engine.from_pretrained(device="cpu")
-    assert engine.model_dir.resolve() == TINY.resolve()
-    params = engine.default_params().replace(gen_length=32, block_length=32, steps=32)
-    result = engine.generate("Once upon a time", params)
+@pytest.fixture(scope="module")
+def default_engine():
+    return Engine.from_pretrained(None, device="cpu")
+
+
+def test_default_engine_is_the_block_diffusion_model_and_writes_stories(default_engine):
+    engine = default_engine
+    assert engine.model_dir.resolve() == BD.resolve()
+    config = json.loads((BD / "config.json").read_text())
+    assert engine.block_causal and config["attention"] == "block_causal"
+    assert engine.block_size == config["block_size"]
+    params = engine.default_params()
+    assert params.block_length and config["block_size"] % params.block_length == 0
+    assert engine.info()["model"] == "celeris-tiny-bd"
+    result = engine.generate("Once upon a time", params.replace(gen_length=32))
     words = result.text.split()
     assert len(words) >= 3
     assert result.finish_reason.value in ("stop", "length")
 
 
+def test_the_default_model_refuses_infill_and_names_the_one_that_can(default_engine):
+    with pytest.raises(ValueError, match="celeris-tiny-bd is a block-diffusion") as info:
+        default_engine.infill_text("Once upon a time, there was a [MASK] named Tom.")
+    assert "models/celeris-tiny" in str(info.value)
+
+
 def test_infill_pins_the_text_after_a_span_without_a_bos_in_the_canvas():
-    engine = Engine.from_pretrained(device="cpu")
+    engine = Engine.from_pretrained(str(TINY), device="cpu")
     tok, bos = engine.tokenizer, engine.tokenizer.hf.bos_token_id
     ids, canvas, _ = engine.infill_request("One day, the little [MASK] went to the park.", None,
                                            1, "[MASK]")
@@ -63,15 +83,24 @@ def test_infill_pins_the_text_after_a_span_without_a_bos_in_the_canvas():
     assert bos not in canvas                          # ... the pinned text does not
 
 
-def test_generate_cli_uses_the_shipped_model_without_model_flag():
+def test_generate_cli_uses_the_block_diffusion_model_without_model_flag(default_engine):
     proc = subprocess.run([sys.executable, "-m", "celeris", "generate", "--prompt",
-                           "Once upon a time", "--gen-length", "32", "--block-length", "32",
-                           "--steps", "32", "--json"],
+                           "Once upon a time", "--gen-length", "32", "--seed", "0", "--json"],
                           capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["text"].strip() and out["steps"] <= 32 and out["nfe"] == out["steps"]
-    assert out["tokens_per_s"] > 0
+    assert out["text"].strip() and out["nfe"] == out["steps"] and out["tokens_per_s"] > 0
+    # the same answer as celeris-tiny-bd at its own defaults (greedy: deterministic)
+    expected = default_engine.generate("Once upon a time", default_engine.default_params()
+                                       .replace(gen_length=32, seed=0))
+    assert out["token_ids"] == list(expected.token_ids) and out["nfe"] == expected.nfe
+    # and its block size rules the block length: twice it is refused, naming it
+    size = default_engine.block_size
+    proc = subprocess.run([sys.executable, "-m", "celeris", "generate", "--prompt", "Hi",
+                           "--block-length", str(2 * size)],
+                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 2
+    assert f"must divide the model's block size {size}" in proc.stderr
 
 
 def test_ar_twin_loads_with_plain_transformers_and_matches_its_card():

@@ -18,7 +18,7 @@ from celeris.train import tasks as _tasks
 from celeris.train import corpus as _corpus
 from celeris.train import objective
 
-DEFAULT_MODELS = {"diffusion": Path("models/celeris-tiny"), "ar": Path("models/celeris-tiny-ar")}
+DEFAULT_MODELS = {"diffusion": Path("models/celeris-tiny-bd"), "ar": Path("models/celeris-tiny-ar")}
 CHUNK = 32
 N_SAMPLES_PER_TASK = 2
 HELDOUT_STORIES = 200
@@ -162,7 +162,7 @@ def evaluate(model: Any = None, *, kind: str = "diffusion",
              loss_batch_size: int = 32) -> dict[str, Any]:
     """Exact-match accuracy per task on the held-out eval sets (+ masked loss for diffusion).
 
-    model:     a model directory (default: models/celeris-tiny, or models/celeris-tiny-ar for
+    model:     a model directory (default: models/celeris-tiny-bd, or models/celeris-tiny-ar for
                kind="ar"); for kind="diffusion" also an ``Engine``.
     overrides: GenerationParams fields applied over the model's defaults (AR: only gen_length,
                used as max_new_tokens; decoding is greedy with the KV cache).
