@@ -5,8 +5,9 @@
 #   CPU:  docker build --build-arg BASE=cpu -t celeris-cpu .
 #         docker run -p 7860:7860 -e CELERIS_API_KEY=change-me celeris-cpu
 #
-# models/celeris-tiny (and its AR twin, for the Race tab) are baked in. Another model is
-# mounted, and named after the image name:
+# models/celeris-tiny-bd (the default, block diffusion), models/celeris-tiny (full attention:
+# the Infill tab and the Race tab's full-canvas column) and their AR twin (the Race tab) are
+# baked in. Another model is mounted, and named after the image name:
 #   docker run --gpus all -p 7860:7860 -e CELERIS_API_KEY=change-me \
 #       -v /path/to/model:/models/mine:ro celeris --model /models/mine
 # Without CELERIS_API_KEY the container refuses to start (it listens beyond loopback);
@@ -43,6 +44,7 @@ COPY app.py ./
 COPY celeris ./celeris
 COPY ui ./ui
 COPY assets ./assets
+COPY models/celeris-tiny-bd ./models/celeris-tiny-bd
 COPY models/celeris-tiny ./models/celeris-tiny
 COPY models/celeris-tiny-ar ./models/celeris-tiny-ar
 RUN useradd --create-home --shell /usr/sbin/nologin celeris

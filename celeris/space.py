@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CONTENTS = ("app.py", "celeris", "ui", "assets", "models/celeris-tiny", "models/celeris-tiny-ar")
+CONTENTS = ("app.py", "celeris", "ui", "assets", "models/celeris-tiny-bd", "models/celeris-tiny",
+            "models/celeris-tiny-ar")
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "checkpoints", ".pytest_cache")
 MARKER = ".celeris-space.json"         # marks a folder this command made (safe to replace)
 CPU_TORCH_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
@@ -46,9 +47,12 @@ def check_front_matter(matter: str, requirements: str) -> None:
 
 def space_readme(matter: str) -> str:
     return (f"---\n{matter}\n---\n\n# Celeris\n\n"
-            "A masked diffusion language model (`celeris-tiny`, 5.8M parameters, trained on a "
-            "small story grammar and exact-answer tasks) denoising its answer canvas live, "
-            "served by the Celeris engine on CPU.\n\n"
+            "Masked diffusion language models denoising their answers live, served by the "
+            "Celeris engine on CPU: `celeris-tiny-bd` (block diffusion, the default: it writes "
+            "block after block against an exact KV cache), `celeris-tiny` (full attention: one "
+            "answer canvas; the Infill tab uses it) and their autoregressive twin "
+            "`celeris-tiny-ar` (the Race tab), each 5.8M parameters, trained on a small story "
+            "grammar and exact-answer tasks.\n\n"
             "The same process serves an OpenAI-compatible API at `/v1` "
             "(`/v1/models`, `/v1/completions`, `/v1/chat/completions`).\n")
 

@@ -68,12 +68,13 @@ def test_every_copy_source_exists_and_is_not_dockerignored(commands):
                 if line.strip() and not line.startswith("#")]
     sources = [src for c in commands if c.cmd == "COPY"
                and not any(f.startswith("--from") for f in c.flags) for src in c.value[:-1]]
-    assert {"requirements.txt", "app.py", "celeris", "ui", "assets",
-            "models/celeris-tiny"} <= set(sources)
+    assert {"requirements.txt", "app.py", "celeris", "ui", "assets", "models/celeris-tiny-bd",
+            "models/celeris-tiny", "models/celeris-tiny-ar"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), f"COPY {src}: not in the repository"
         assert not _ignored(src, patterns), f"COPY {src}: excluded by .dockerignore"
-    assert (ROOT / "models/celeris-tiny/model.safetensors").stat().st_size > 1_000_000
+    for model in ("celeris-tiny-bd", "celeris-tiny", "celeris-tiny-ar"):
+        assert (ROOT / "models" / model / "model.safetensors").stat().st_size > 1_000_000
     assert _ignored(".venv", patterns) and _ignored(".git", patterns)
 
 

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from celeris import cli, space
+from celeris.engine import DEFAULT_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,11 +44,14 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 def test_the_folder_holds_the_app_the_packages_the_model_and_valid_front_matter(space_dir):
-    for name in ("app.py", "celeris/engine.py", "ui/__init__.py", "assets",
-                 "models/celeris-tiny/model.safetensors", "models/celeris-tiny/tokenizer.json"):
+    for name in ("app.py", "celeris/engine.py", "ui/__init__.py", "assets"):
         assert (space_dir / name).exists(), name
+    for model in ("celeris-tiny-bd", "celeris-tiny", "celeris-tiny-ar"):   # default, infill, twin
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            assert (space_dir / "models" / model / name).is_file(), (model, name)
     assert not list(space_dir.rglob("__pycache__")) and not (space_dir / "tests").exists()
     readme = (space_dir / "README.md").read_text()
+    assert all(f"`{m}`" in readme for m in ("celeris-tiny-bd", "celeris-tiny", "celeris-tiny-ar"))
     matter = yaml.safe_load(readme.split("---\n")[1])
     pinned = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
               if line.startswith("gradio==")]
@@ -80,7 +84,8 @@ def test_the_space_app_starts_and_serves_the_playground_and_v1_models(space_dir)
         status, page = _get(f"http://127.0.0.1:{port}/")
         assert status == 200 and b"gradio" in page.lower()
         status, body = _get(f"http://127.0.0.1:{port}/v1/models")
-        assert status == 200 and json.loads(body)["data"][0]["id"] == "celeris-tiny"
+        # the id is the folder name of the model app.py loads by default
+        assert status == 200 and json.loads(body)["data"][0]["id"] == DEFAULT_MODEL.name
     finally:
         proc.terminate()
         proc.wait(timeout=30)
