@@ -344,6 +344,63 @@ def test_race_block_diffusion_vs_full_canvas_vs_the_twin(bd_page):
     page.screenshot(path=str(ARTIFACTS / "race-bd.png"), full_page=True)
 
 
+def bd_config() -> tuple[int, dict]:
+    """The shipped block-diffusion model's block size and generation defaults (read, never
+    written here: the model is retrained from time to time)."""
+    import json
+
+    config = json.loads((BD_MODELS["bd"] / "config.json").read_text())
+    return config["block_size"], json.loads(
+        (BD_MODELS["bd"] / "generation_config.json").read_text())
+
+
+def test_playground_presets_and_blocks_of_the_block_diffusion_model(bd_page):
+    from playwright.sync_api import expect
+
+    page = bd_page
+    size, defaults = bd_config()
+    page.get_by_role("tab", name="Playground").click()
+    expect(page.locator("#pg-block-length")).to_contain_text(f"model's blocks of {size}")
+    page.locator("#pg-preset").get_by_text("story", exact=True).click()
+    expect(page.locator("#pg-block-length input")).to_have_value("1")
+    page.locator("#pg-preset").get_by_text("fast", exact=True).click()
+    expect(page.locator("#pg-block-length input")).not_to_have_value("1")
+    block = int(page.locator("#pg-block-length input").input_value())
+    assert size % block == 0
+    if "threshold" in defaults:   # fast runs at the model's own threshold
+        expect(page.locator("#pg-threshold input[type=number]")).to_have_value(
+            f"{defaults['threshold']:g}")
+    set_number(page, "pg-gen-length", 32)
+    page.click("#pg-generate")
+    expect(state(page)).to_have_text("done", timeout=120_000)
+    cells = page.locator("#pg-canvas .tk")
+    assert 0 < cells.count() <= 32 + size
+    expect(page.locator("#pg-canvas .tk.mask")).to_have_count(0)
+    starts = page.locator("#pg-canvas .tk.bs").count()    # one mark per model block
+    assert 1 <= starts <= -(-cells.count() // size) + 1
+    page.screenshot(path=str(ARTIFACTS / "playground-bd.png"), full_page=False)
+
+
+def test_infill_next_to_the_block_diffusion_model_runs_on_the_full_canvas_one(bd_page):
+    from playwright.sync_api import expect
+
+    page = bd_page
+    page.get_by_role("tab", name="Infill").click()
+    note = page.locator("#infill-model")
+    expect(note).to_contain_text("Fills with the full-canvas model celeris-tiny")
+    expect(note).to_contain_text("celeris-tiny-bd, is block diffusion")
+    page.fill("#infill-text textarea", "Once upon a time, there was a [MASK] named Tom.")
+    page.click("#infill-go")
+    expect(state(page, "#infill-gauges")).to_have_text("done", timeout=120_000)
+    filled = page.locator("#infill-result textarea").input_value()
+    assert filled.startswith("Once upon a time, there was a") and filled.endswith(" named Tom.")
+    assert "[MASK]" not in filled
+    expect(note).not_to_contain_text("loaded on the first fill")
+    for elem_id in ("infill-canvas", "infill-note"):
+        expect(error_pills(page, elem_id)).to_have_count(0)
+    page.screenshot(path=str(ARTIFACTS / "infill-bd.png"), full_page=True)
+
+
 def test_chat_does_not_send_an_empty_message(page):
     from playwright.sync_api import expect
 

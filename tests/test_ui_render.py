@@ -163,7 +163,7 @@ def test_trajectory_round_trips_through_json():
     assert again.result["text"] == "Hello world" and again.num_steps == 3
     assert data["steps"][0] == {"step": 1, "block": 0, "nfe": 1, "elapsed": 0.01,
                                 "committed": [1], "confidences": [0.5], "tokens": [2],
-                                "text": ""}
+                                "text": "", "length": 4}
 
 
 def test_text_at_uses_the_result_once_finished():

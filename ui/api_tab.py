@@ -7,10 +7,13 @@ from typing import Any, Mapping
 
 import gradio as gr
 
+from celeris.params import GenerationParams
+
 from . import render
 from .context import EngineSlot
 
 EXAMPLE_PROMPT = "Tell me a story about a brave fox."
+DEFAULT_MODEL_ID = "celeris-tiny-bd"   # shown when no model is loaded (the app's default)
 
 
 def base_url(headers: Mapping[str, str] | None, fallback: str = "http://localhost:7860") -> str:
@@ -24,8 +27,13 @@ def base_url(headers: Mapping[str, str] | None, fallback: str = "http://localhos
     return f"{scheme}://{host.split(',')[0].strip()}"
 
 
-def snippets(url: str, model: str, key_required: bool) -> dict[str, str]:
-    """Copy-paste examples: curl, the openai package, and gradio_client for the live steps."""
+def snippets(url: str, model: str, key_required: bool,
+             params: GenerationParams | None = None) -> dict[str, str]:
+    """Copy-paste examples: curl, the openai package, and gradio_client for the live steps
+    (``params``: the playground model's defaults, whose block length and threshold it uses;
+    a block-diffusion model takes only block lengths that divide its block size)."""
+    block = params.block_length if params is not None else 32
+    threshold = params.threshold if params is not None else 0.9
     body = json.dumps({"model": model, "max_tokens": 64,
                        "messages": [{"role": "user", "content": EXAMPLE_PROMPT}]})
     auth = ' \\\n  -H "Authorization: Bearer $CELERIS_API_KEY"' if key_required else ""
@@ -40,7 +48,8 @@ def snippets(url: str, model: str, key_required: bool) -> dict[str, str]:
     client = (f"from gradio_client import Client\n\nclient = Client(\"{url}/\")\n"
               "# prompt, as_chat, steps, temperature, gen_length, block_length, threshold,\n"
               "# decoding, remasking, cache, seed\n"
-              f"job = client.submit(\"{EXAMPLE_PROMPT}\", True, 0, 0.0, 64, 32, 0.9,\n"
+              f"job = client.submit(\"{EXAMPLE_PROMPT}\", True, 0, 0.0, 64, {block}, "
+              f"{threshold:g},\n"
               "                    \"threshold\", \"low_confidence\", \"prefix\", 0, "
               "api_name=\"/generate\")\n"
               "for update in job:   # one update per denoising step\n"
@@ -55,6 +64,17 @@ def max_tokens_line(context: int | None) -> str:
         return "`max_tokens`: load a model to see its range."
     return (f"`max_tokens`: 1 to {context - 1}, and prompt tokens + `max_tokens` at most "
             f"{context} (this model's context).")
+
+
+def api_model(slot: EngineSlot) -> str:
+    """The model id /v1 serves: the folder name of the model the app started with."""
+    info = slot.primary.info() if slot.primary is not None else None
+    return (info or {}).get("model") or DEFAULT_MODEL_ID
+
+
+def playground_defaults(slot: EngineSlot) -> GenerationParams | None:
+    """The defaults of the model the playground runs now (the Model tab may swap it)."""
+    return slot.engine.default_params() if slot.engine is not None else None
 
 
 def api_context(slot: EngineSlot) -> int | None:
@@ -74,8 +94,7 @@ def describe(url: str, key_required: bool, context: int | None = None) -> str:
 
 def create_ui(slot: EngineSlot) -> None:
     url = "http://localhost:7860"
-    initial = snippets(url, (slot.info() or {}).get("model", "celeris-tiny"),
-                       slot.api_key_required)
+    initial = snippets(url, api_model(slot), slot.api_key_required, playground_defaults(slot))
     with gr.Tab("API", id="api") as tab:
         about = gr.Markdown(describe(url, slot.api_key_required, api_context(slot)),
                             elem_id="api-about")
@@ -86,8 +105,7 @@ def create_ui(slot: EngineSlot) -> None:
 
     def refresh(request: gr.Request) -> list[Any]:
         url = base_url(dict(request.headers) if request else None)
-        model = (slot.info() or {}).get("model", "celeris-tiny")
-        code = snippets(url, model, slot.api_key_required)
+        code = snippets(url, api_model(slot), slot.api_key_required, playground_defaults(slot))
         about = describe(url, slot.api_key_required, api_context(slot))
         return [about] + [code[k] for k in codes]
 

@@ -28,9 +28,11 @@ def header(slot: EngineSlot) -> None:
     info = slot.info() or {}
     where = (f"`{info.get('model')}` on {info.get('device')} ({info.get('dtype')})"
              if info else "no model loaded")
-    gr.Markdown(f"# Celeris\nA masked diffusion language model writes every position at once: "
-                f"each step commits the positions it is surest of. Model: {where}.",
-                elem_classes=["celeris-header"])
+    how = ("A block-diffusion language model writes block after block, every position of "
+           "a block at once" if info.get("attention") == "block_causal" else
+           "A masked diffusion language model writes every position at once")
+    gr.Markdown(f"# Celeris\n{how}: each step commits the positions it is surest of. "
+                f"Model: {where}.", elem_classes=["celeris-header"])
     if slot.engine is None:
         gr.Markdown(escape_text(slot.error or "No model is loaded."),
                     elem_classes=["celeris-banner"], elem_id="no-model-banner")

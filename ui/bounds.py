@@ -1,7 +1,8 @@
 """Sliders that follow the loaded model (the Gradio side of ui/limits.py).
 
 gen length follows the prompt (context - prompt tokens), steps and block length follow gen
-length, and a value typed outside a slider's range gets a message naming the field and the
+length (block length: the model's block size for a block-diffusion model), and a value typed
+outside a slider's range gets a message naming the field and the
 range (the browser then moves it to the nearest end) instead of a silent clamp.
 
 The handlers take raw values (``preprocess=False``): Gradio's own bounds check would refuse
@@ -48,15 +49,20 @@ def gen_slider(bounds: limits.Bounds, value: Any) -> gr.Slider:
     return gr.Slider(minimum=bounds.lo, maximum=bounds.hi, value=fitted, info=gen_info(bounds))
 
 
-def block_dropdown(gen_length: Any, block_length: Any) -> gr.Dropdown:
+def block_dropdown(gen_length: Any, block_length: Any, block_size: int | None = None,
+                   info: str | None = None) -> gr.Dropdown:
+    """Block length's choices for gen length (or the block-causal model's ``block_size``);
+    ``info`` replaces the help line (after a model switch)."""
     gen = max(_number(gen_length, limits.GEN_MIN), 1)
-    return gr.Dropdown(choices=limits.block_choices(gen),
-                       value=limits.fit_block(block_length, gen))
+    extra = {} if info is None else {"info": info}
+    return gr.Dropdown(choices=limits.block_choices(gen, block_size),
+                       value=limits.fit_block(block_length, gen, block_size), **extra)
 
 
-def steps_slider(gen_length: Any, block_length: Any, steps: Any) -> gr.Slider:
+def steps_slider(gen_length: Any, block_length: Any, steps: Any,
+                 block_size: int | None = None) -> gr.Slider:
     gen = max(_number(gen_length, limits.GEN_MIN), 1)
-    block = limits.fit_block(block_length, gen)
+    block = limits.fit_block(block_length, gen, block_size)
     return gr.Slider(minimum=0, maximum=gen, step=limits.steps_stride(gen, block),
                      value=limits.fit_steps(steps, gen, block))
 
@@ -105,9 +111,11 @@ def wire_controls(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
     """The playground's controls (ui.settings.FIELDS order) follow the model and each other."""
     steps, gen_length, block = controls[0], controls[2], controls[3]
     wire_gen_length(slot, prompt, as_chat, gen_length)
-    gen_length.change(lambda g, b, s: (steps_slider(g, b, s), block_dropdown(g, b)),
+    gen_length.change(lambda g, b, s: (steps_slider(g, b, s, slot.block_size()),
+                                       block_dropdown(g, b, slot.block_size())),
                       [gen_length, block, steps], [steps, block], **QUIET)
-    block.change(steps_slider, [gen_length, block, steps], steps, **QUIET)
+    block.change(lambda g, b, s: steps_slider(g, b, s, slot.block_size()),
+                 [gen_length, block, steps], steps, **QUIET)
     steps.release(range_check(lambda g: limits.steps_bounds(_number(g, 0))),
                   [steps, gen_length], None, **CHECK)
     warn_out_of_range(controls[1], "temperature")

@@ -53,8 +53,9 @@ def unmask_heatmap(traj: Trajectory) -> go.Figure:
                                colorscale="Viridis", colorbar=dict(title="conf"),
                                hovertemplate="position %{x}<br>step %{y}<br>"
                                              "confidence %{z:.3f}<extra></extra>"))
-    for edge in range(traj.block_length, traj.gen_length, traj.block_length):
-        fig.add_vline(x=edge - 0.5, line_dash="dash", line_color="#94a3b8")
+    for edge in range(1, traj.gen_length):
+        if traj.starts_block(edge):
+            fig.add_vline(x=edge - 0.5, line_dash="dash", line_color="#94a3b8")
     layout = dict(_LAYOUT, height=360)
     fig.update_layout(title="Unmask order (position x step)", xaxis_title="position",
                       yaxis_title="step", **layout)

@@ -12,13 +12,13 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from celeris import GenerationResult
+from celeris import GenerationParams, GenerationResult
 
 from . import bounds, render
 from .context import EngineSlot, session_of, user_errors
 from .examples import examples
 from .playground import make_stop
-from .settings import PRESETS
+from .settings import PRESETS, preset_settings
 
 MASK_TAIL = "\u2591"
 
@@ -62,8 +62,9 @@ def make_respond(slot: EngineSlot):
         if not messages or messages[-1]["role"] != "user":
             return
         with user_errors():
-            params = engine.default_params().replace(gen_length=int(gen_length),
-                                                     **_preset(preset, int(gen_length)))
+            base = engine.default_params()
+            params = base.replace(gen_length=int(gen_length), **_preset(
+                preset, int(gen_length), slot.block_size(), base))
         rid = slot.begin(session_of(request), engine)
         done, reply, sent = False, {"role": "assistant", "content": ""}, float("-inf")
         try:
@@ -83,10 +84,20 @@ def make_respond(slot: EngineSlot):
     return respond
 
 
-def _preset(name: str, gen_length: int) -> dict[str, Any]:
-    preset = dict(PRESETS.get(name) or {})
+def _preset(name: str, gen_length: int, block_size: int | None = None,
+            base: GenerationParams | None = None) -> dict[str, Any]:
+    """The preset's settings for a reply of ``gen_length`` tokens (steps: one token a step).
+    A block-causal model (``block_size``, its defaults ``base``) gets ui.settings'
+    preset_settings: a block length that divides its block size."""
+    if name not in PRESETS:
+        return {}
+    if block_size:
+        preset = preset_settings(name, gen_length, block_size, base)
+        preset.pop("gen_length", None)
+    else:
+        preset = dict(PRESETS[name])
+        preset["block_length"] = min(preset.get("block_length", 32), gen_length)
     preset.pop("steps", None)
-    preset["block_length"] = min(preset.get("block_length", 32), gen_length)
     return preset
 
 

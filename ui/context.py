@@ -27,8 +27,9 @@ from .trajectory import Trajectory
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_AR_PATH = REPO_ROOT / "models" / "celeris-tiny-ar"
 DEFAULT_CANVAS_PATH = REPO_ROOT / "models" / "celeris-tiny"   # the full-attention model
-NO_MODEL = ("No model is loaded. Open the Model tab to load a local model directory, or train "
-            "the shipped one: python -m celeris train --out models/celeris-tiny")
+NO_MODEL = ("No model is loaded. Open the Model tab to load a local model directory: the "
+            "shipped models/celeris-tiny-bd (the default) or models/celeris-tiny, or one you "
+            "trained (README.md has the commands)")
 
 
 # ---------------------------------------------------------------------- errors as toasts
@@ -114,6 +115,15 @@ class EngineSlot:
 
     def context_length(self) -> int | None:
         return (self.info() or {}).get("context_length")
+
+    def block_size(self) -> int | None:
+        """The loaded model's block size when it is block-causal (block diffusion: gen length
+        is a cap and block lengths divide this); None for a full-attention model or none."""
+        engine = self.engine
+        if not getattr(engine, "block_causal", False):
+            return None
+        size = getattr(engine, "block_size", None)
+        return int(size) if size else None
 
     def prompt_tokens(self, prompt: Any) -> int | None:
         """Tokens the engine makes of ``prompt`` (text or messages); None when unknown

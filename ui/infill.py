@@ -1,7 +1,10 @@
 """Infill tab: text with [MASK] spans anywhere; the model fills them, every other word pinned.
 
 Runs through ``engine.stream_infill``: each [MASK] becomes ``span`` masked positions and the
-rest of the text stays fixed on the canvas (drawn as pinned cells).
+rest of the text stays fixed on the canvas (drawn as pinned cells). Only a full-attention
+(full-canvas) model can do that: when the loaded model is block-causal (block diffusion, which
+writes left to right), the tab fills with the full-canvas model ``EngineSlot.canvas_model()``
+(models/celeris-tiny, loaded on first use) and says so above the text.
 """
 
 from __future__ import annotations
@@ -39,19 +42,74 @@ def check_infill_text(text: str) -> str:
     return text
 
 
-def infill_frame(traj: Trajectory, prefix: str, slot: EngineSlot) -> tuple[Any, ...]:
-    """Canvas, filled text (pinned runs decoded whole), gauges (filled tokens only), note."""
+def is_block_causal(engine: Any) -> bool:
+    return bool(getattr(engine, "block_causal", False))
+
+
+def model_name(engine: Any) -> str:
+    model_dir = getattr(engine, "model_dir", None)
+    return model_dir.name if model_dir is not None else "the loaded model"
+
+
+def unavailable(engine: Any, why: str) -> str:
+    """Why this tab cannot fill: a block-causal model loaded and no full-canvas one to use."""
+    return (f"The loaded model, {model_name(engine)}, is a block-diffusion model: it writes "
+            f"left to right, block after block, and cannot fill [MASK] spans. Infill needs a "
+            f"full-canvas (full-attention) model and none is available: {why}. Load "
+            f"models/celeris-tiny in the Model tab (or start the app with --canvas-model DIR).")
+
+
+def model_note(slot: EngineSlot, used: Any = None) -> str:
+    """Which model fills, above the text: the loaded one, or next to a block-diffusion model
+    the full-canvas one (``used`` once a run picked it, else the slot's canvas path)."""
+    engine = slot.engine
+    if engine is None:
+        return ""
+    name = render.escape_text(model_name(engine))
+    if not is_block_causal(engine):
+        return f"Fills with the loaded model, **{name}** (full attention)."
+    if used is not None:
+        canvas = model_name(used)
+    elif slot.canvas_loaded or (slot.canvas_path / "config.json").is_file():
+        canvas = slot.canvas_path.name
+    else:
+        return (f"The loaded model, **{name}**, is block diffusion: it writes left to right and "
+                f"cannot fill a gap, and there is no full-canvas model at "
+                f"`{render.escape_text(str(slot.canvas_path))}` to fill with instead. Load "
+                "models/celeris-tiny in the Model tab.")
+    later = "" if used is not None or slot.canvas_loaded else " (loaded on the first fill)"
+    return (f"Fills with the full-canvas model **{render.escape_text(canvas)}**{later}: the "
+            f"loaded model, **{name}**, is block diffusion, which writes left to right, block "
+            "after block, and cannot fill a gap.")
+
+
+def infill_engine(slot: EngineSlot) -> Any:
+    """The engine that fills: the loaded one, or the full-canvas model next to a
+    block-causal one (a toast saying why when there is none)."""
+    engine = slot.require()
+    if not is_block_causal(engine):
+        return engine
+    canvas, why = slot.canvas_model()
+    if canvas is None:
+        raise user_error(unavailable(engine, why), "Infill needs a full-canvas model")
+    return canvas
+
+
+def infill_frame(traj: Trajectory, prefix: str, slot: EngineSlot,
+                 decode: Any = None) -> tuple[Any, ...]:
+    """Canvas, filled text (pinned runs decoded whole with ``decode``, default the slot's),
+    gauges (filled tokens only), note."""
     state, note = "running", ""
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
         note = NOTHING if state == "done" and not traj.filled_tokens() else ""
     return (render.canvas_cells(traj, live=not traj.finished),
-            prefix + render.spans_text(traj, slot.decode),
+            prefix + render.spans_text(traj, decode or slot.decode),
             render.trajectory_gauges(traj, slot.info(), state), note)
 
 
 def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
-    return [], "", render.error_gauges(slot.info()), render.error_markdown(why)
+    return [], "", render.error_gauges(slot.info()), render.error_markdown(why), gr.skip()
 
 
 def make_fill(slot: EngineSlot):
@@ -59,7 +117,7 @@ def make_fill(slot: EngineSlot):
     def fill(text: str, span: float, decoding: str, request: gr.Request
              ) -> Iterator[tuple[Any, ...]]:
         """Fill the [MASK] spans of ``text``; yields (canvas cells, filled text, gauges,
-        note)."""
+        note, which model fills)."""
         yield from with_error_frame(_fill(slot, text, span, decoding, request),
                                     lambda why: error_frame(why, slot))
     return fill
@@ -67,23 +125,30 @@ def make_fill(slot: EngineSlot):
 
 def _fill(slot: EngineSlot, text: str, span: float, decoding: str, request: gr.Request
           ) -> Iterator[tuple[Any, ...]]:
-    engine = slot.require()
+    loaded = slot.require()
     text = check_infill_text(text)
+    if is_block_causal(loaded) and not slot.canvas_loaded:   # the first fill loads it
+        yield ([], "", render.gauges(info=slot.info(), state="loading"), "",
+               model_note(slot))
+    engine = infill_engine(slot)
+    note = model_note(slot, engine)
     with user_errors():
         params = engine.default_params().replace(decoding=decoding)
     prefix = split_infill(text, MARKER)[0]
     traj = Trajectory(0, params.block_length, prompt=text, params=params.to_dict())
     start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
                                              marker=MARKER, request_id=rid)
+    decode = slot.spellers(engine)[1]
     for traj in follow(slot, session_of(request), engine, start, traj):
-        yield infill_frame(traj, prefix, slot)
+        yield (*infill_frame(traj, prefix, slot, decode), note)
 
 
 def create_ui(slot: EngineSlot) -> None:
     samples = examples("infill")
-    with gr.Tab("Infill", id="infill"):
+    with gr.Tab("Infill", id="infill") as tab:
         gr.Markdown(f"Write {MARKER} where the model should fill in text. Everything else is "
                     "pinned: it stays fixed and the model writes around it.")
+        used = gr.Markdown(model_note(slot), elem_id="infill-model")
         text = gr.Textbox(samples[0] if samples else f"Once upon a time {MARKER}.", lines=3,
                           label="text with [MASK] spans", elem_id="infill-text")
         with gr.Row():
@@ -104,9 +169,13 @@ def create_ui(slot: EngineSlot) -> None:
         note = gr.Markdown(elem_id="infill-note")
         if samples:
             gr.Examples([[s] for s in samples], [text], label="examples")
-    event = go.click(make_fill(slot), [text, span, decoding], [canvas, filled, gauge, note],
+    event = go.click(make_fill(slot), [text, span, decoding],
+                     [canvas, filled, gauge, note, used],
                      api_name="infill", concurrency_id="engine",
                      concurrency_limit=slot.concurrency, show_progress="hidden")
     stop.click(make_stop_gauges(slot), gauge, gauge, cancels=[event], queue=False,
                api_visibility="private")
     bounds.warn_out_of_range(span, "tokens per [MASK]")
+    # which model fills follows the Model tab (page load and this tab's selection)
+    gr.on(None, lambda: model_note(slot), None, used, **bounds.QUIET)
+    tab.select(lambda: model_note(slot), None, used, **bounds.QUIET)

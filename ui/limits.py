@@ -3,7 +3,9 @@ value falls outside. Pure functions (no Gradio), tested without a browser.
 
 The answer canvas and the prompt share the model's context, so gen length goes up to
 context - prompt tokens; steps go up to gen length in multiples of the number of blocks (so
-every value on the slider is a valid schedule); block lengths are the divisors of gen length.
+every value on the slider is a valid schedule); block lengths are the divisors of gen length,
+or, for a block-causal (block-diffusion) model, the divisors of its block size (gen length is
+only a cap there).
 """
 
 from __future__ import annotations
@@ -48,26 +50,28 @@ def gen_bounds(context: int, prompt_tokens: int | None) -> Bounds:
     return Bounds("gen length", min(GEN_MIN, hi), hi, why)
 
 
-def block_choices(gen_length: int) -> list[int]:
-    """Block lengths that divide ``gen_length``, smallest first."""
-    n = max(int(gen_length), 1)
+def block_choices(gen_length: int, block_size: int | None = None) -> list[int]:
+    """Block lengths that divide ``gen_length`` (a block-causal model: that divide its
+    ``block_size``), smallest first."""
+    n = max(int(block_size or gen_length), 1)
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
-def fit_block(block_length: Any, gen_length: int) -> int:
-    """The largest divisor of ``gen_length`` not above ``block_length`` (1 at least)."""
+def fit_block(block_length: Any, gen_length: int, block_size: int | None = None) -> int:
+    """The largest of ``block_choices`` not above ``block_length`` (1 at least)."""
     try:
         wanted = int(float(block_length))
     except (TypeError, ValueError):
-        wanted = gen_length
-    fitting = [d for d in block_choices(gen_length) if d <= wanted]
+        wanted = int(block_size or gen_length)
+    fitting = [d for d in block_choices(gen_length, block_size) if d <= wanted]
     return fitting[-1] if fitting else 1
 
 
 def steps_stride(gen_length: int, block_length: int) -> int:
-    """Steps must be a multiple of the number of blocks: the slider's step."""
-    return max(int(gen_length) // max(int(block_length), 1), 1)
+    """Steps must be a multiple of the number of blocks (ceil(gen length / block length):
+    a block-causal model's gen length need not be whole blocks): the slider's step."""
+    return max(-(-int(gen_length) // max(int(block_length), 1)), 1)
 
 
 def steps_bounds(gen_length: int) -> Bounds:

@@ -45,8 +45,10 @@ def create_ui(slot: EngineSlot) -> None:
         info = gr.Markdown(render.model_markdown(slot.info(), slot.error), elem_id="model-info")
         refresh = gr.Button("Refresh", size="sm", elem_id="model-refresh")
         gr.Markdown("### Load another model\nA local Hugging Face-format directory (celeris, "
-                    "LLaDA or Dream). The Playground, Race, Infill and Chat tabs switch to it; "
-                    "the /v1 API keeps the model it was started with.")
+                    "LLaDA or Dream): the shipped `models/celeris-tiny-bd` (block diffusion, "
+                    "the default) or `models/celeris-tiny` (full canvas: it can also infill). "
+                    "The Playground, Race, Infill and Chat tabs switch to it; the /v1 API "
+                    "keeps the model it was started with.")
         with gr.Row():
             path = gr.Textbox(label="model directory", placeholder="models/celeris-tiny",
                               scale=4, elem_id="model-path")

@@ -71,7 +71,9 @@ def _run(slot: EngineSlot, prompt: str, as_chat: bool, settings: tuple[Any, ...]
     engine = slot.require()
     params = params_from(slot, settings)
     message = prompt_input(prompt, as_chat)
-    traj = Trajectory(params.gen_length, params.block_length, prompt=prompt,
+    # a block-diffusion canvas grows block by block from nothing (gen length is a cap)
+    grows = bool(getattr(engine, "block_causal", False))
+    traj = Trajectory(0 if grows else params.gen_length, params.block_length, prompt=prompt,
                       params=params.to_dict())
     start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
     for traj in follow(slot, session_of(request), engine, start, traj):
@@ -82,6 +84,15 @@ def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
     """A refused run: no canvas, status "error", the reason under the canvas."""
     return [], "", render.error_gauges(slot.info()), render.error_markdown(why), \
         gr.skip()
+
+
+def make_preset(slot: EngineSlot):
+    """The preset radio's handler: its settings for the model loaded now."""
+    def preset(name: str, gen_length: float) -> list[Any]:
+        engine = slot.engine
+        return preset_values(name, gen_length, slot.block_size(),
+                             engine.default_params() if engine is not None else None)
+    return preset
 
 
 def make_stop(slot: EngineSlot):
@@ -183,7 +194,8 @@ def create_ui(slot: EngineSlot) -> None:
             with gr.Column(scale=2):
                 preset = widgets.preset_radio("pg-preset")
                 controls = widgets.generation_controls(defaults, "pg",
-                                                       bounds.gen_bounds(slot, None))
+                                                       bounds.gen_bounds(slot, None),
+                                                       slot.block_size())
         traj_state = gr.State(None)
         replay = parts.pop("replay")
         _charts_section(replay)
@@ -192,6 +204,9 @@ def create_ui(slot: EngineSlot) -> None:
     tab.select(lambda text, chat, value: bounds.gen_slider(bounds.gen_bounds(  # another model
         slot, bounds.prompt_message(text, chat)), value),
         [parts["prompt"], parts["as_chat"], controls[2]], controls[2], **bounds.QUIET)
+    tab.select(lambda gen, block: bounds.block_dropdown(   # block diffusion or not (another
+        gen, block, slot.block_size(), widgets.block_info(slot.block_size())),   # model)
+        [controls[2], controls[3]], controls[3], **bounds.QUIET)
 
 
 def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: list[Any],
@@ -206,8 +221,8 @@ def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: l
                                     "download")], api_visibility="private", show_progress="hidden")
     parts["stop"].click(make_stop_gauges(slot), parts["gauges"], parts["gauges"], cancels=[event],
                      queue=False, api_visibility="private")
-    preset.input(preset_values, [preset, controls[2]], controls[:-1], api_visibility="private",
-                 queue=False)
+    preset.input(make_preset(slot), [preset, controls[2]], controls[:-1],
+                 api_visibility="private", queue=False)
     replay["scrub"].change(replay_at, [traj_state, replay["scrub"]],
                            [replay["canvas"], replay["caption"]], api_visibility="private",
                            show_progress="hidden", queue=False)

@@ -56,12 +56,18 @@ CELL_FIELDS = ("k", "b", "o", "h", "t")
 
 
 def cell(kind: str, text: str, conf: float | None, pos: int, block_length: int,
-         active_block: int | None) -> str:
+         active_block: int | None, block: int | None = None, start: bool | None = None
+         ) -> str:
     """One canvas cell as a tab-separated string (kind classes, block classes, opacity, hover,
     label). Strings, not dicts: the browser keeps each update's value in reactive state, and
-    plain strings cost a fraction of objects there. The label is escaped and has no tabs."""
-    block = pos // max(block_length, 1)
-    b = f"b{block % 2}" + (" bs" if pos % max(block_length, 1) == 0 else "")
+    plain strings cost a fraction of objects there. The label is escaped and has no tabs.
+    ``block``/``start`` (the cell's block and whether it opens it) default to blocks of
+    ``block_length``; a block-causal run passes its model's blocks."""
+    if block is None:
+        block = pos // max(block_length, 1)
+    if start is None:
+        start = pos % max(block_length, 1) == 0
+    b = f"b{block % 2}" + (" bs" if start else "")
     if active_block is not None and block == active_block:
         b += " act"
     label = {MASK: MASK_GLYPH, SKIPPED: SKIP_GLYPH}.get(kind) or token_label(text)
@@ -85,7 +91,8 @@ def canvas_cells(traj: Trajectory, step: int | None = None, live: bool = False
     """The canvas after ``step`` (None = the latest). ``live`` highlights the active block."""
     record = traj.record_at(traj.num_steps if step is None else step)
     active = record.block if (live and record and not traj.finished) else None
-    return [cell(kind, text, conf, pos, traj.block_length, active)
+    return [cell(kind, text, conf, pos, traj.block_length, active, traj.block_of(pos),
+                 traj.starts_block(pos))
             for pos, (kind, text, conf) in enumerate(traj.state_at(step))]
 
 
@@ -211,6 +218,11 @@ def model_markdown(info: dict[str, Any] | None, error: str | None = None) -> str
             ("parameters", f"{info.get('parameters', 0) / 1e6:.2f} M"),
             ("dtype", info.get("dtype")), ("device", info.get("device")),
             ("context length", info.get("context_length")), (label, mem)]
+    if info.get("attention") == "block_causal":
+        rows.insert(3, ("attention", f"block-causal (block diffusion), blocks of "
+                                     f"{info.get('block_size')}"))
+    elif info.get("attention"):
+        rows.insert(3, ("attention", "full (one answer canvas)"))
     lines = ["| property | value |", "|---|---|"] + [f"| {k} | `{v}` |" for k, v in rows]
     defaults = info.get("defaults") or {}
     if defaults:

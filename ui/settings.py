@@ -26,6 +26,8 @@ CACHE_CHOICES = CACHES
 # quality: the reference linear schedule, one token per step, no cache (LLaDA's sampler);
 # story: the same, one position at a time left to right (block 1): the small shipped model
 # writes grammatical stories this way and drops words at wide blocks (see its model card).
+# A block-causal (block-diffusion) model takes them with a block length that divides its
+# block size (see ``preset_settings``).
 _QUALITY = {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
             "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"}
 PRESETS: dict[str, dict[str, Any]] = {
@@ -44,15 +46,47 @@ def widget_values(params: GenerationParams) -> dict[str, Any]:
     return values
 
 
-def preset_values(name: str, gen_length: int) -> list[Any]:
-    """Widget values for a preset, in FIELDS order; gen_length is kept as the user set it."""
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` not above ``at_most`` (1 at least)."""
+    block = max(min(int(at_most), int(n)), 1)
+    while n % block:
+        block -= 1
+    return block
+
+
+def preset_settings(name: str, gen_length: int, block_size: int | None = None,
+                    defaults: GenerationParams | None = None) -> dict[str, Any]:
+    """A preset's settings for the loaded model, gen_length kept as the user set it.
+
+    Full attention (``block_size`` None): the block length is fitted to divide gen_length.
+    Block-causal (``block_size``: the model's block size): gen_length is only a cap, the block
+    length becomes a divisor of the block size (story: 1; the others: the whole block), the
+    cached forward is exact there (fast and balanced keep the KV cache), and fast runs at the
+    model's own threshold and block length when its defaults (``defaults``: its
+    generation_config) decode by threshold; balanced is never less strict than that."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {name!r}")
     preset = dict(PRESETS[name], gen_length=gen_length)
-    block = min(preset["block_length"], gen_length)
-    while gen_length % block:       # keep the combination valid for any gen_length
-        block -= 1
-    preset["block_length"] = block
+    if not block_size:
+        preset["block_length"] = largest_divisor(gen_length, preset["block_length"])
+        return preset
+    preset["block_length"] = largest_divisor(block_size, preset["block_length"])
+    own = defaults is not None and defaults.decoding == "threshold"
+    if preset["decoding"] == "threshold":
+        preset["cache"] = "prefix"
+    if name == "fast" and own:
+        preset["threshold"] = defaults.threshold
+        if block_size % defaults.block_length == 0:
+            preset["block_length"] = defaults.block_length
+    elif name == "balanced" and own:   # stricter than fast, whatever the model's own is
+        preset["threshold"] = max(preset["threshold"], defaults.threshold)
+    return preset
+
+
+def preset_values(name: str, gen_length: int, block_size: int | None = None,
+                  defaults: GenerationParams | None = None) -> list[Any]:
+    """Widget values for a preset, in FIELDS order (seed left out); see preset_settings."""
+    preset = preset_settings(name, gen_length, block_size, defaults)
     return [preset.get(f) for f in FIELDS if f != "seed"]
 
 

@@ -7,6 +7,7 @@ scrubber, the charts and the JSON download. Pure Python (no Gradio, no torch), s
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -30,6 +31,7 @@ class StepRecord:
     confidences: list[float]
     tokens: list[int]        # the ids committed, aligned with ``committed``
     text: str
+    length: int = 0          # canvas positions after this step (a block-causal canvas grows)
 
 
 @dataclass
@@ -44,6 +46,9 @@ class Trajectory:
     steps: list[StepRecord] = field(default_factory=list)
     strings: dict[int, str] = field(default_factory=dict)        # position -> display string
     result: dict[str, Any] | None = None
+    # a block-causal run: where each model block starts (its canvas grows a block at a time;
+    # the first block ends where the prompt's last block does). Empty: blocks of block_length
+    block_starts: list[int] = field(default_factory=list)
 
     # ------------------------------------------------------------------ recording
     def add(self, ev: StepEvent, token_text: TokenText, decode: Decode | None = None) -> None:
@@ -53,12 +58,14 @@ class Trajectory:
         if not self.steps and self.mask_id < 0:
             self._first_event(ev, token_text, decode)
         elif len(ev.canvas) > self.gen_length:   # block-causal: the canvas grows block by
-            self.gen_length = len(ev.canvas)     # block (gen_length is only a cap there)
+            self.block_starts = self.block_starts or [0]   # block (gen_length is only a cap)
+            self.block_starts.append(self.gen_length)
+            self.gen_length = len(ev.canvas)
         tokens = [ev.canvas[p] for p in ev.committed]
         for pos, s in zip(ev.committed, token_text(tokens)):
             self.strings[pos] = s
         self.steps.append(StepRecord(ev.step, ev.block, ev.nfe, ev.elapsed, list(ev.committed),
-                                     list(ev.confidences), tokens, ev.text))
+                                     list(ev.confidences), tokens, ev.text, len(ev.canvas)))
 
     def _first_event(self, ev: StepEvent, token_text: TokenText,
                      decode: Decode | None) -> None:
@@ -86,6 +93,26 @@ class Trajectory:
     def finished(self) -> bool:
         return self.result is not None
 
+    def block_of(self, pos: int) -> int:
+        """The block ``pos`` lies in: the model's blocks of a block-causal run, else blocks of
+        block_length."""
+        if self.block_starts:
+            return bisect_right(self.block_starts, pos) - 1
+        return pos // max(self.block_length, 1)
+
+    def starts_block(self, pos: int) -> bool:
+        if self.block_starts:
+            return pos in self.block_starts
+        return pos % max(self.block_length, 1) == 0
+
+    def length_at(self, step: int | None = None) -> int:
+        """Canvas positions after ``step`` (None = the latest): a block-causal canvas had
+        only its blocks so far (step 0: the first block)."""
+        if step is None or not self.steps:
+            return self.gen_length
+        rec = self.record_at(step) or self.steps[0]
+        return rec.length or self.gen_length
+
     def commit_steps(self) -> dict[int, tuple[int, float]]:
         """position -> (step it was committed at, its confidence)."""
         out: dict[int, tuple[int, float]] = {}
@@ -106,7 +133,7 @@ class Trajectory:
         commits = self.commit_steps()
         ended = self.finished and last >= self.num_steps
         cells = []
-        for pos in range(self.gen_length):
+        for pos in range(self.length_at(step)):
             text = self.strings.get(pos, "")
             if pos in self.pinned:
                 cells.append((PINNED, text, None))

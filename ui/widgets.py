@@ -75,15 +75,25 @@ def legend() -> gr.HTML:
     return gr.HTML(LEGEND, js_on_load=None, apply_default_css=False)
 
 
+def block_info(block_size: int | None = None) -> str:
+    """The block length dropdown's help line (``block_size``: a block-causal model's)."""
+    if block_size:
+        return (f"sub-block of the model's blocks of {block_size} (divides it; {block_size} = "
+                "whole blocks, 1 = left to right)")
+    return "semi-autoregressive block (divides gen length); 1 = left to right"
+
+
 def generation_controls(defaults: GenerationParams, prefix: str,
-                        gen: limits.Bounds | None = None) -> list[gr.components.Component]:
+                        gen: limits.Bounds | None = None, block_size: int | None = None
+                        ) -> list[gr.components.Component]:
     """The widgets for ui.settings.FIELDS, in that order, showing ``defaults``; gen length
     goes up to ``gen.hi`` (the context left after the prompt), steps up to gen length in
-    multiples of the blocks, and block length offers the divisors of gen length."""
+    multiples of the blocks, and block length offers the divisors of gen length (of
+    ``block_size`` for a block-causal model)."""
     v = widget_values(defaults)
     gen = gen or limits.Bounds("gen length", limits.GEN_MIN, max(1024, v["gen_length"]))
     gen_length = min(v["gen_length"], gen.hi)
-    block = limits.fit_block(v["block_length"], gen_length)
+    block = limits.fit_block(v["block_length"], gen_length, block_size)
     return [
         gr.Slider(0, gen_length, value=limits.fit_steps(v["steps"], gen_length, block),
                   step=limits.steps_stride(gen_length, block), label="steps",
@@ -93,8 +103,8 @@ def generation_controls(defaults: GenerationParams, prefix: str,
                   info="0 = greedy", elem_id=f"{prefix}-temperature"),
         gr.Slider(gen.lo, gen.hi, value=gen_length, step=limits.GEN_MIN, label="gen length",
                   info=gen_info(gen), elem_id=f"{prefix}-gen-length"),
-        gr.Dropdown(limits.block_choices(gen_length), value=block, label="block length",
-                    info="semi-autoregressive block (divides gen length); 1 = left to right",
+        gr.Dropdown(limits.block_choices(gen_length, block_size), value=block,
+                    label="block length", info=block_info(block_size),
                     allow_custom_value=True, elem_id=f"{prefix}-block-length"),
         gr.Slider(0.05, 1.0, value=v["threshold"], step=0.01, label="threshold",
                   info="confidence needed to commit (threshold decoding)",
@@ -117,6 +127,7 @@ def gen_info(gen: limits.Bounds) -> str:
 
 def preset_radio(elem_id: str) -> gr.Radio:
     return gr.Radio(list(PRESETS), value=None, label="preset", elem_id=elem_id,
-                    info="fast: threshold + prefix cache · quality: reference sampler · "
-                         "story: reference, left to right (block 1)")
+                    info="fast: threshold + prefix cache (a block-diffusion model: its own "
+                         "threshold) · quality: reference sampler · story: reference, left to "
+                         "right (block 1)")
 
