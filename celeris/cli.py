@@ -101,6 +101,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("block_size", args.block_size),
                                              ("tokens_per_batch", args.tokens_per_batch),
                                              ("certainty", args.certainty),
+                                             ("block_sizes", args.block_sizes),
                                              ("selfgen", args.selfgen),
                                              ("selfgen_prob", args.selfgen_prob))
                            if v is not None})
@@ -232,6 +233,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "request=0.15)")
     p.add_argument("--tokens-per-batch", type=int, default=None, metavar="N",
                    help="tokens per optimizer step, padding included (default: the preset's)")
+    p.add_argument("--block-sizes", default=None, metavar="LIST",
+                   help="bd: train each batch at a block size drawn from this list (e.g. "
+                        "4,8,16) so that one model can be measured at each; --block-size "
+                        "stays the one in config.json")
     p.add_argument("--certainty", type=float, default=None, metavar="W",
                    help="bd: weight of the entropy of right predictions (dParallel / CAP "
                         "certainty term; default 0)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -144,12 +145,18 @@ def test_certainty_adds_its_weight_times_the_right_entropy():
     batch = Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), labels, "story", 12)
     inputs = blockdiff.block_inputs(batch, 4, 3, torch.Generator().manual_seed(2))
     with torch.no_grad():
+        logits = model(inputs.ids, position_ids=inputs.positions, attn_mask=inputs.attn,
+                       logits_index=inputs.index).logits
+        # make every other scored target the model's own argmax, so some predictions are right
+        targets = inputs.targets.clone()
+        own = logits.argmax(-1)
+        pick = (targets != IGNORE) & (torch.arange(targets.shape[1]) % 2 == 0)
+        targets[pick] = own[pick]
+        inputs = dataclasses.replace(inputs, targets=targets)
         plain = float(blockdiff.block_loss(model, inputs, "cpu"))
         sharp = float(blockdiff.block_loss(model, inputs, "cpu", certainty=0.5))
-        logits = model(inputs.ids, position_ids=inputs.positions, attn_mask=inputs.attn,
-                       logits_index=inputs.index).logits.flatten(0, 1)
-        ent = float(blockdiff.right_entropy(logits, inputs.targets.flatten()))
-    assert ent > 0
+        ent = float(blockdiff.right_entropy(logits.flatten(0, 1), targets.flatten()))
+    assert int(pick.sum()) >= 2 and ent > 0
     assert math.isclose(sharp - plain, 0.5 * ent, rel_tol=1e-4)
 
 

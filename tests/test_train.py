@@ -272,14 +272,15 @@ def test_semi_autoregressive_rows_off_leave_the_stream_and_the_masks_unchanged(t
 
 def test_mix_from_weights_parses_text_and_names_bad_fields():
     mix = corpus.Mix.from_weights("story=0.4, task=0.45")
-    assert mix.sources() == (("story", 0.4), ("task", 0.45), ("request", 0.15))
+    assert mix.sources() == (("story", 0.4), ("task", 0.45), ("request", 0.15),
+                             ("long", 0.0), ("longreq", 0.0))
     assert corpus.Mix.from_weights({"request": 0}).request == 0.0
     assert corpus.Mix.from_weights(None) == corpus.Mix()
     stream = corpus.Stream(seed=0, mix=corpus.Mix.from_weights("story=0,task=1,request=0"))
     assert {stream.pick_source() for _ in range(50)} == {"task"}
     for bad, match in (("story=-1", "story must be a finite weight >= 0"),
                        ("story=nan", "story must be a finite weight"),
-                       ("stories=1", "unknown source.*stories.*known: story, task, request"),
+                       ("stories=1", "unknown source.*stories.*known: story, task, request, long"),
                        ("story", "NAME=WEIGHT"), ("story=x", "NAME=WEIGHT"),
                        ("story=0,task=0,request=0", "at least one")):
         with pytest.raises(ValueError, match=match):
@@ -330,7 +331,8 @@ def test_training_takes_a_mix_and_semi_autoregressive_rows(tmp_path, one_thread)
     run = _train(tmp_path / "b", steps=4, mix="story=1,task=0,request=1", semi_ar_prob=0.5)
     assert run["losses"] != plain["losses"] and all(x == x and x > 0 for x in run["losses"])
     log = json.loads((tmp_path / "b" / "train_log.json").read_text())
-    assert log["train_config"]["mix"] == {"story": 1.0, "task": 0.0, "request": 1.0}
+    assert log["train_config"]["mix"] == {"story": 1.0, "task": 0.0, "request": 1.0,
+                                          "long": 0.0, "longreq": 0.0}
     assert log["train_config"]["semi_ar_prob"] == 0.5
     assert log["data"]["sources"]["task"] == 0.0
     again = _train(tmp_path / "c", steps=4, mix="story=1,task=0,request=1", semi_ar_prob=0.5)
@@ -430,8 +432,10 @@ def test_diffusion_training_can_start_from_the_ar_twin(micro_models, tmp_path, o
         _train(out, steps=4, resume=True)                   # resumed without its source
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         _train(tmp_path / "x", steps=2, init_from=tmp_path / "nowhere")
-    with pytest.raises(ValueError, match="kind='diffusion'"):
-        _train(tmp_path / "y", steps=2, kind="ar", init_from=src)
+    again = _train(tmp_path / "y", steps=2, kind="ar", init_from=src)   # continued training
+    assert again["steps"] == 2
+    cont = json.loads((tmp_path / "y" / "train_log.json").read_text())
+    assert cont["init_info"]["kind"] == "ar" and cont["init_info"]["steps"] == 6
 
 
 def test_tiny_preset_tokenizer_spells_list_items_as_one_or_two_tokens():

@@ -1,20 +1,13 @@
-"""Train the shipped tiny models on CPU: the masked-diffusion ``celeris-tiny`` and its
-autoregressive twin ``celeris-tiny-ar`` (same size, same data stream, same tokenizer).
+"""Train the shipped tiny models on CPU: the masked-diffusion ``celeris-tiny``, its
+autoregressive twin ``celeris-tiny-ar`` and the block-diffusion ``celeris-tiny-bd`` (same size,
+same tokenizer).
 
-    train("models/celeris-tiny", steps=N, seed=0)                  # masked diffusion (LLaDA)
-    train("models/celeris-tiny-ar", steps=N, seed=0, kind="ar")    # LlamaForCausalLM twin
+    train("models/celeris-tiny-ar", steps=N, kind="ar")                         # Llama twin
+    train("models/celeris-tiny", steps=N, init_from="models/celeris-tiny-ar")   # LLaDA-style
+    train("runs/bd", minutes=40, kind="bd", init_from="runs/ar")                # block diffusion
 
-The shipped recipe trains the twin first (12000 steps, ~33 min on 2 threads), adapts its
-weights to masked diffusion (``init_from="models/celeris-tiny-ar"``, 8000 steps, lr 1e-3,
-~64 min), as Dream-7B was adapted from Qwen2.5, and then continues 1000 steps (lr 3e-4, ~6 min)
-with a story-heavier mix and semi-autoregressive story rows (``mix``, ``semi_ar_prob``), which
-made left-to-right stories grammatical; the model cards record every command. (Trained from
-scratch on the current tasks, with an earlier task weighting, the diffusion model had learned
-none of copy/reverse/sort after 4200 steps; the twin on that data was near 50% at 4600. Semi-
-autoregressive rows from the start of the adaptation instead, 8000 steps, left the model worse
-at everything but block-1 stories: 86.7% on tasks, 23% grammatical stories at block 32. Going
-on from the shipped model with infill-shaped story rows, or with 2000 more steps of its own
-recipe, did not improve infilling or wide-block stories; docs/BENCHMARKS.md has the numbers.)
+Each model card records the whole chain of commands that made the shipped weights;
+docs/BENCHMARKS.md ("Training diary") records the recipes that were tried and what they gave.
 
 A run is deterministic for a seed on one machine and thread count (``CELERIS_THREADS``):
 model init from ``torch.manual_seed``, data from a seeded ``random.Random``, masking from a
@@ -61,12 +54,12 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
                  semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
-                 eval_stories=128, block_size=8, certainty=0.0, selfgen=None, selfgen_prob=0.0,
+                 eval_stories=128, block_size=8, block_sizes=None, certainty=0.0, selfgen=None, selfgen_prob=0.0,
                  log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
                   betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
                   semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
-                  block_size=4, certainty=0.0, selfgen=None, selfgen_prob=0.0,
+                  block_size=4, block_sizes=None, certainty=0.0, selfgen=None, selfgen_prob=0.0,
                   log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
 }
 
@@ -167,7 +160,12 @@ def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torc
 
 
 def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: int,
-                 certainty: float = 0.0) -> torch.Tensor:
+                 certainty: float = 0.0, block_sizes: tuple[int, ...] | None = None
+                 ) -> torch.Tensor:
+    """Block-diffusion loss; with ``block_sizes`` each batch is cut into blocks of a size
+    drawn from them (so one run can be decoded, and compared, at several block sizes)."""
+    if block_sizes:
+        block_size = block_sizes[int(torch.randint(len(block_sizes), (1,), generator=gen))]
     inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen)
     with autocast_ctx(device):
         return blockdiff.block_loss(model, inputs, device, certainty)
@@ -290,6 +288,285 @@ def describe_init(src: Path) -> dict[str, Any]:
     return info
 
 
+# ----------------------------------------------------------------------------- settings
+def _check_budget(kind: str, preset: str, steps: int | None, minutes: float | None) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    if steps is None and minutes is None:
+        raise ValueError("give a budget: steps (deterministic) and/or minutes (wall clock)")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if minutes is not None and not minutes > 0:
+        raise ValueError(f"minutes must be positive, got {minutes!r}")
+
+
+def _parse_sizes(value: Any) -> list[int]:
+    sizes = value
+    if isinstance(sizes, str):
+        try:
+            sizes = [int(x) for x in sizes.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"block_sizes: expected integers like 4,8,16, got "
+                             f"{value!r}") from None
+    if not sizes or any(not isinstance(x, int) or not 1 <= x <= 64 for x in sizes):
+        raise ValueError(f"block_sizes must be integers in [1, 64], got {sizes!r}")
+    return sorted(set(sizes))
+
+
+def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The preset's training settings with ``overrides`` applied, validated and normalised
+    (a mix as a dict of source weights, block sizes as a sorted list) as they are logged."""
+    unknown = sorted(set(overrides) - set(TRAIN_PRESETS[preset]))
+    if unknown:
+        raise ValueError(f"unknown training setting(s): {', '.join(unknown)}; "
+                         f"known: {', '.join(TRAIN_PRESETS[preset])}")
+    tp = {**TRAIN_PRESETS[preset], **overrides}
+    if not (isinstance(tp["lr"], (int, float)) and 0 < tp["lr"] <= 1):
+        raise ValueError(f"lr must be in (0, 1], got {tp['lr']!r}")
+    if not (isinstance(tp["certainty"], (int, float)) and 0 <= tp["certainty"] <= 10):
+        raise ValueError(f"certainty must be in [0, 10], got {tp['certainty']!r}")
+    bd_only = [name for name in ("certainty", "block_sizes") if tp[name]]
+    if bd_only and kind != "bd":
+        raise ValueError(f"{bd_only[0]} is a block-diffusion (kind='bd') setting")
+    if tp["block_sizes"] is not None:
+        tp["block_sizes"] = _parse_sizes(tp["block_sizes"])
+    if tp["selfgen"] is not None:
+        tp["selfgen"] = str(tp["selfgen"])
+        _corpus.load_pool(tp["selfgen"])          # fails early, naming the file and line
+    if tp["mix"] is not None:        # validated and logged as a dict of the source weights
+        tp["mix"] = {k: v for k, v in _corpus.Mix.from_weights(tp["mix"]).sources()}
+    if not (isinstance(tp["semi_ar_prob"], (int, float))
+            and 0 <= tp["semi_ar_prob"] <= 1 - tp["prefix_prob"]):
+        raise ValueError(f"semi_ar_prob must be in [0, {1 - tp['prefix_prob']:g}] "
+                         f"(1 - prefix_prob), got {tp['semi_ar_prob']!r}")
+    return tp
+
+
+def _check_init(init_from: str | Path | None) -> Path | None:
+    if init_from is None:
+        return None
+    init_from = Path(init_from)
+    if not (init_from / "model.safetensors").is_file() or not tt.has_tokenizer(init_from):
+        raise FileNotFoundError(f"init_from: {init_from} needs model.safetensors and the "
+                                f"tokenizer files ({', '.join(tt.TOKENIZER_FILES)})")
+    return init_from
+
+
+def open_checkpoint(out: Path, want: dict[str, Any], steps: int | None
+                    ) -> dict[str, Any] | None:
+    """The latest checkpoint of ``out``, refused when it was trained with other settings
+    (``want``: kind, preset, seed, init_from) or another step budget."""
+    path = latest_checkpoint(out)
+    if path is None:
+        print(f"note: no checkpoint under {_ckpt_dir(out)}; starting from scratch",
+              file=sys.stderr)
+        return None
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    meta = ckpt["meta"]
+    for key, value in want.items():
+        if meta.get(key) != value:
+            raise ValueError(f"cannot resume {path}: it was trained with "
+                             f"{key}={meta.get(key)!r}, not {value!r}")
+    if steps is not None and steps != meta["schedule_steps"] and meta["steps_given"]:
+        raise ValueError(f"cannot resume {path} with steps={steps}: the run's cosine "
+                         f"schedule spans {meta['schedule_steps']} steps")
+    return ckpt
+
+
+def load_tokenizer(out: Path, resuming: bool, init_from: Path | None, tp: dict[str, Any],
+                   seed: int):
+    """The run's tokenizer: the checkpointed run's, the initial model's, or a new BPE."""
+    if resuming and tt.has_tokenizer(out):
+        return tt.load_raw(out)
+    if init_from is not None:
+        tt.copy_tokenizer(init_from, out)
+        return tt.load_raw(out)
+    tok = tt.train_tokenizer(_corpus.tokenizer_corpus(tp["tokenizer_texts"], seed=seed),
+                             vocab_size=tp["vocab_size"])
+    tt.save_tokenizer(tok, out)
+    return tok
+
+
+# ----------------------------------------------------------------------------- the run
+class _Run:
+    """Everything a training run carries from step to step, and what it saves."""
+
+    def __init__(self, out: Path, kind: str, preset: str, seed: int, device: str,
+                 tp: dict[str, Any], tok, init_from: Path | None, steps: int | None,
+                 ckpt: dict[str, Any] | None) -> None:
+        self.out, self.kind, self.preset, self.seed, self.device = out, kind, preset, seed, device
+        self.tp, self.steps_given = tp, steps is not None
+        self.init_name = None if init_from is None else str(init_from)
+        self.threads = torch.get_num_threads()
+        self.t_start = time.time()
+        torch.manual_seed(seed)
+        self.model = build_model(kind, preset, round_vocab(tok.get_vocab_size()),
+                                 tp.get("block_size", 8)).to(device)
+        self.init_info = (load_init_weights(self.model, init_from)
+                          if init_from is not None and ckpt is None else None)
+        self.model.train()
+        self.opt = make_optimizer(self.model, tp)
+        self.total = steps if steps is not None else (ckpt["meta"]["schedule_steps"]
+                                                      if ckpt else None)
+        self.warmup = (ckpt["meta"]["warmup_steps"] if ckpt is not None
+                       else tp["warmup_steps"] if steps is None
+                       else min(tp["warmup_steps"], max(1, steps // 20)))
+        self.sched = make_schedule(self.opt, self.warmup, self.total or 10 ** 9,
+                                   tp["min_lr_ratio"])
+        pool = _corpus.load_pool(tp["selfgen"]) if tp.get("selfgen") else None
+        self.stream = _corpus.Stream(seed=seed, mix=_corpus.Mix.from_weights(tp.get("mix")),
+                                     pool=pool, pool_prob=tp.get("selfgen_prob", 0.0))
+        self.batcher = Batcher(tok, self.stream, tokens_per_batch=tp["tokens_per_batch"],
+                               prefix_prob=tp["prefix_prob"],
+                               semi_ar_prob=tp.get("semi_ar_prob", 0.0))
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.step, self.tokens_seen, self.prior_wall = 0, 0, 0.0
+        self.losses: list[float] = []
+        self.curve: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
+        if ckpt is not None:
+            self.restore(ckpt)
+        self.n_params = sum(p.numel() for p in self.model.parameters())
+        self.eval_seqs = eval_sequences(tok, tp["eval_stories"])
+
+    # ---------------------------------------------------------------- state
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        self.opt.load_state_dict(ckpt["optimizer"])
+        self.sched.load_state_dict(ckpt["scheduler"])
+        self.stream.set_state(ckpt["stream_state"])
+        self.gen.set_state(ckpt["gen_state"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        self.step, self.tokens_seen = ckpt["step"], ckpt["tokens_seen"]
+        self.init_info = ckpt["meta"].get("init_info")
+        self.losses, self.curve, self.evals = ckpt["losses"], ckpt["curve"], ckpt["evals"]
+        self.prior_wall = ckpt["wall_time_s"]
+
+    def wall(self) -> float:
+        return self.prior_wall + time.time() - self.t_start
+
+    def meta(self) -> dict[str, Any]:
+        return {"kind": self.kind, "preset": self.preset, "seed": self.seed,
+                "train_config": self.tp, "init_from": self.init_name,
+                "init_info": self.init_info, "schedule_steps": self.total or 10 ** 9,
+                "steps_given": self.steps_given, "warmup_steps": self.warmup}
+
+    def checkpoint(self) -> None:
+        _save_checkpoint(self.out, {
+            "meta": self.meta(), "step": self.step, "tokens_seen": self.tokens_seen,
+            "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(), "stream_state": self.stream.state(),
+            "gen_state": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+            "losses": self.losses, "curve": self.curve, "evals": self.evals,
+            "wall_time_s": self.wall()}, self.tp["keep_checkpoints"])
+
+    def log(self, final_eval: dict | None = None) -> dict[str, Any]:
+        wall, tail = self.wall(), self.losses[-50:]
+        data = {
+            "kind": self.kind, "preset": self.preset, "seed": self.seed, "out": str(self.out),
+            "init_from": self.init_name, "init_info": self.init_info,
+            "model_config": self.model.config.to_dict(), "params": self.n_params,
+            "train_config": self.tp, "schedule_steps": self.total or 10 ** 9,
+            "warmup_steps": self.warmup, "steps": self.step, "tokens_seen": self.tokens_seen,
+            "wall_time_s": round(wall, 1),
+            "tokens_per_s": round(self.tokens_seen / wall, 1) if wall > 0 else None,
+            "threads": self.threads, "machine": machine_info(), "device": self.device,
+            "data": _corpus.describe(self.stream.mix),
+            "final_loss": sum(tail) / len(tail) if tail else None,
+            "curve": self.curve, "evals": self.evals, "eval": final_eval,
+            "losses": self.losses,
+        }
+        (self.out / "train_log.json").write_text(json.dumps(data, indent=1) + "\n")
+        return data
+
+    # ---------------------------------------------------------------- steps
+    def loss(self, batch) -> torch.Tensor:
+        tp = self.tp
+        if self.kind == "diffusion":
+            return diffusion_step_loss(self.model, batch, self.gen, self.device)
+        if self.kind == "bd":
+            return bd_step_loss(self.model, batch, self.gen, self.device, tp["block_size"],
+                                tp.get("certainty", 0.0), tp.get("block_sizes"))
+        return ar_step_loss(self.model, batch, self.device)
+
+    def optimise(self) -> tuple[float, Any]:
+        """One optimizer step on the next batch: (loss value, batch)."""
+        batch = self.batcher.next()
+        loss = self.loss(batch)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tp["grad_clip"])
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        self.tokens_seen += batch.real_tokens
+        value = float(loss.detach())
+        self.losses.append(round(value, 6))
+        return value, batch
+
+    def fit_schedule(self, limit_s: float, run_elapsed: float) -> None:
+        """A minutes-only run: make the cosine schedule span what the budget allows at the
+        speed measured so far."""
+        per_step = run_elapsed / self.step
+        self.total = max(self.step + 1, int((limit_s - (time.time() - self.t_start))
+                                            / per_step) + self.step)
+        self.warmup = min(self.warmup, max(10, self.total // 20))
+        self.sched = make_schedule(self.opt, self.warmup, self.total, self.tp["min_lr_ratio"],
+                                   last_step=self.step - 1)
+
+    def evaluate(self) -> dict[str, Any]:
+        return eval_loss(self.model, self.kind, self.eval_seqs, self.device,
+                         self.tp.get("block_size", 8))
+
+
+def _progress_bar(run: _Run, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+    return tqdm(total=run.total, initial=run.step, unit="step", dynamic_ncols=True,
+                mininterval=1.0 if sys.stderr.isatty() else 30.0, desc=f"train {run.kind}")
+
+
+def _loop(run: _Run, limit_s: float | None, stop_at: int | None, bar) -> bool:
+    """Optimise until the schedule ends, the time budget is spent (returns True) or
+    ``stop_at``; log, evaluate and checkpoint on the preset's cadence."""
+    tp = run.tp
+    run_start, run_tokens, interval = time.time(), 0, []
+    while run.total is None or run.step < run.total:
+        value, batch = run.optimise()
+        run_tokens += batch.real_tokens
+        interval.append(value)
+        elapsed = time.time() - run_start
+        if run.total is None and run.step >= 10:
+            run.fit_schedule(limit_s, elapsed)
+            if bar is not None:
+                bar.total = run.total
+        if run.step % tp["log_every"] == 0 or run.step == run.total:
+            run.curve.append({"step": run.step,
+                              "loss": round(sum(interval) / len(interval), 5),
+                              "lr": run.sched.get_last_lr()[0], "tokens": run.tokens_seen,
+                              "elapsed_s": round(run.wall(), 1)})
+            interval = []
+        if bar is not None:
+            bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{run_tokens / max(elapsed, 1e-9):.0f}",
+                            src=batch.source[:4], L=batch.input_ids.shape[1], refresh=False)
+            bar.update(1)
+        if tp["eval_every"] and run.step % tp["eval_every"] == 0 and run.step != run.total:
+            run.evals.append({"step": run.step, **run.evaluate()})
+        if run.step % tp["ckpt_every"] == 0:
+            run.checkpoint()
+            run.log()
+        del batch
+        if limit_s is not None and time.time() - run.t_start > limit_s \
+                and run.step != run.total:
+            return True
+        if stop_at is not None and run.step >= stop_at:
+            return False
+    return False
+
+
 # ----------------------------------------------------------------------------- train
 def train(out: str | Path, *, minutes: float | None = None, steps: int | None = None,
           device: str = "cpu", resume: bool = False, seed: int = 0, kind: str = "diffusion",
@@ -303,228 +580,45 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     resume:  continue from the latest checkpoint in ``out/checkpoints`` (same settings).
     stop_at: stop (with a checkpoint) after this step, as an interruption would; the run can
              then be resumed (tests).
-    init_from: (diffusion only) start from the weights and tokenizer of a trained model of the
-             same preset, e.g. the AR twin: AR-to-diffusion adaptation as Dream-7B does from
-             Qwen2.5 (shifted logits keep each position's prediction where the AR model put it).
+    init_from: start from the weights and tokenizer of a trained model of the same preset:
+             for diffusion/bd the AR twin (AR-to-diffusion adaptation as Dream-7B does from
+             Qwen2.5; shifted logits keep each position's prediction where the AR model put
+             it), for ar continued training.
     overrides: settings of ``TRAIN_PRESETS`` to change (e.g. tokens_per_batch=2048, lr=1e-3).
+
+    Stages: check the settings, open the checkpoint (resume), load or train the tokenizer,
+    build the run (model, optimizer, schedule, data), optimise, then a final evaluation,
+    checkpoint, weights and log.
     """
     preset = preset or "tiny"
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
-    if steps is None and minutes is None:
-        raise ValueError("give a budget: steps (deterministic) and/or minutes (wall clock)")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if minutes is not None and not minutes > 0:
-        raise ValueError(f"minutes must be positive, got {minutes!r}")
-    unknown = sorted(set(overrides) - set(TRAIN_PRESETS[preset]))
-    if unknown:
-        raise ValueError(f"unknown training setting(s): {', '.join(unknown)}; "
-                         f"known: {', '.join(TRAIN_PRESETS[preset])}")
-    tp = {**TRAIN_PRESETS[preset], **overrides}
-    if not (isinstance(tp["lr"], (int, float)) and 0 < tp["lr"] <= 1):
-        raise ValueError(f"lr must be in (0, 1], got {tp['lr']!r}")
-    if not (isinstance(tp["certainty"], (int, float)) and 0 <= tp["certainty"] <= 10):
-        raise ValueError(f"certainty must be in [0, 10], got {tp['certainty']!r}")
-    if tp["certainty"] and kind != "bd":
-        raise ValueError("certainty is a block-diffusion (kind='bd') training term")
-    if tp["selfgen"] is not None:
-        tp["selfgen"] = str(tp["selfgen"])
-        _corpus.load_pool(tp["selfgen"])          # fails early, naming the file and line
-    if tp["mix"] is not None:        # validated and logged as a dict of the source weights
-        tp["mix"] = {k: v for k, v in _corpus.Mix.from_weights(tp["mix"]).sources()}
-    if not (isinstance(tp["semi_ar_prob"], (int, float))
-            and 0 <= tp["semi_ar_prob"] <= 1 - tp["prefix_prob"]):
-        raise ValueError(f"semi_ar_prob must be in [0, {1 - tp['prefix_prob']:g}] "
-                         f"(1 - prefix_prob), got {tp['semi_ar_prob']!r}")
-    if init_from is not None:
-        init_from = Path(init_from)
-        if not (init_from / "model.safetensors").is_file() or not tt.has_tokenizer(init_from):
-            raise FileNotFoundError(f"init_from: {init_from} needs model.safetensors and the "
-                                    f"tokenizer files ({', '.join(tt.TOKENIZER_FILES)})")
-    init_name = None if init_from is None else str(init_from)   # as logged and checked
-    threads = set_threads()
+    _check_budget(kind, preset, steps, minutes)
+    tp = check_settings(kind, preset, overrides)
+    init_from = _check_init(init_from)
+    set_threads()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    t_start = time.time()
-
-    ckpt_path = latest_checkpoint(out) if resume else None
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path else None
-    if resume and ckpt is None:
-        print(f"note: no checkpoint under {_ckpt_dir(out)}; starting from scratch",
-              file=sys.stderr)
+    want = {"kind": kind, "preset": preset, "seed": seed,
+            "init_from": None if init_from is None else str(init_from)}
+    ckpt = open_checkpoint(out, want, steps) if resume else None
     if ckpt is not None:
-        meta = ckpt["meta"]
-        for key, want in (("kind", kind), ("preset", preset), ("seed", seed),
-                          ("init_from", init_name)):
-            if meta.get(key) != want:
-                raise ValueError(f"cannot resume {ckpt_path}: it was trained with "
-                                 f"{key}={meta.get(key)!r}, not {want!r}")
-        tp = meta["train_config"]
-        if steps is not None and steps != meta["schedule_steps"] and meta["steps_given"]:
-            raise ValueError(f"cannot resume {ckpt_path} with steps={steps}: the run's cosine "
-                             f"schedule spans {meta['schedule_steps']} steps")
+        tp = ckpt["meta"]["train_config"]
+    tok = load_tokenizer(out, ckpt is not None, init_from, tp, seed)
+    run = _Run(out, kind, preset, seed, device, tp, tok, init_from, steps, ckpt)
 
-    # --- tokenizer (reused when resuming)
-    if ckpt is not None and tt.has_tokenizer(out):
-        tok = tt.load_raw(out)
-    elif init_from is not None:
-        tt.copy_tokenizer(init_from, out)
-        tok = tt.load_raw(out)
-    else:
-        tok = tt.train_tokenizer(_corpus.tokenizer_corpus(tp["tokenizer_texts"], seed=seed),
-                                 vocab_size=tp["vocab_size"])
-        tt.save_tokenizer(tok, out)
-    vocab = round_vocab(tok.get_vocab_size())
-
-    # --- model, optimizer, schedule, data
-    torch.manual_seed(seed)
-    model = build_model(kind, preset, vocab, tp.get("block_size", 8)).to(device)
-    init_info = None
-    if init_from is not None and ckpt is None:
-        init_info = load_init_weights(model, init_from)
-    model.train()
-    opt = make_optimizer(model, tp)
-    schedule_steps = steps if steps is not None else (ckpt["meta"]["schedule_steps"]
-                                                      if ckpt else None)
-    warmup = tp["warmup_steps"] if steps is None else min(tp["warmup_steps"],
-                                                          max(1, steps // 20))
-    box = {"total": schedule_steps or 10 ** 9, "warmup": warmup}
-    if ckpt is not None:
-        box["warmup"] = warmup = ckpt["meta"]["warmup_steps"]
-    sched = make_schedule(opt, box["warmup"], box["total"], tp["min_lr_ratio"])
-    stream = _corpus.Stream(seed=seed, mix=_corpus.Mix.from_weights(tp.get("mix")),
-                            pool=_corpus.load_pool(tp["selfgen"]) if tp.get("selfgen") else None,
-                            pool_prob=tp.get("selfgen_prob", 0.0))
-    batcher = Batcher(tok, stream, tokens_per_batch=tp["tokens_per_batch"],
-                      prefix_prob=tp["prefix_prob"], semi_ar_prob=tp.get("semi_ar_prob", 0.0))
-    gen = torch.Generator().manual_seed(seed + 1)
-
-    step, tokens_seen, losses, curve, evals, prior_wall = 0, 0, [], [], [], 0.0
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        stream.set_state(ckpt["stream_state"])
-        gen.set_state(ckpt["gen_state"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        step, tokens_seen = ckpt["step"], ckpt["tokens_seen"]
-        init_info = ckpt["meta"].get("init_info")
-        losses, curve, evals = ckpt["losses"], ckpt["curve"], ckpt["evals"]
-        prior_wall = ckpt["wall_time_s"]
-    n_params = sum(p.numel() for p in model.parameters())
-    eval_seqs = eval_sequences(tok, tp["eval_stories"])
-
-    def meta() -> dict[str, Any]:
-        return {"kind": kind, "preset": preset, "seed": seed, "train_config": tp,
-                "init_from": init_name, "init_info": init_info,
-                "schedule_steps": box["total"], "steps_given": steps is not None,
-                "warmup_steps": warmup}
-
-    def checkpoint() -> None:
-        _save_checkpoint(out, {
-            "meta": meta(), "step": step, "tokens_seen": tokens_seen,
-            "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "stream_state": stream.state(),
-            "gen_state": gen.get_state(), "torch_rng": torch.get_rng_state(),
-            "losses": losses, "curve": curve, "evals": evals,
-            "wall_time_s": prior_wall + time.time() - t_start}, tp["keep_checkpoints"])
-
-    def log(final_eval: dict | None = None) -> dict[str, Any]:
-        wall = prior_wall + time.time() - t_start
-        tail = losses[-50:]
-        data = {
-            "kind": kind, "preset": preset, "seed": seed, "out": str(out),
-            "init_from": init_name, "init_info": init_info,
-            "model_config": model.config.to_dict(), "params": n_params,
-            "train_config": tp, "schedule_steps": box["total"], "warmup_steps": warmup,
-            "steps": step, "tokens_seen": tokens_seen, "wall_time_s": round(wall, 1),
-            "tokens_per_s": round(tokens_seen / wall, 1) if wall > 0 else None,
-            "threads": threads, "machine": machine_info(), "device": device,
-            "data": _corpus.describe(stream.mix),
-            "final_loss": sum(tail) / len(tail) if tail else None,
-            "curve": curve, "evals": evals, "eval": final_eval, "losses": losses,
-        }
-        (out / "train_log.json").write_text(json.dumps(data, indent=1) + "\n")
-        return data
-
-    # --- loop
-    limit_s = minutes * 60 if minutes is not None else None
-    target = schedule_steps
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=target, initial=step, unit="step", dynamic_ncols=True,
-                   mininterval=1.0 if sys.stderr.isatty() else 30.0, desc=f"train {kind}")
-    run_start, run_tokens, interval = time.time(), 0, []
-    stopped_by_time = False
-    while target is None or step < target:
-        batch = batcher.next()
-        if kind == "diffusion":
-            loss = diffusion_step_loss(model, batch, gen, device)
-        elif kind == "bd":
-            loss = bd_step_loss(model, batch, gen, device, tp["block_size"],
-                                tp.get("certainty", 0.0))
-        else:
-            loss = ar_step_loss(model, batch, device)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tp["grad_clip"])
-        opt.step()
-        sched.step()
-        step += 1
-        ntok = batch.real_tokens
-        tokens_seen += ntok
-        run_tokens += ntok
-        lv = float(loss.detach())
-        losses.append(round(lv, 6))
-        interval.append(lv)
-        elapsed = time.time() - run_start
-        if target is None and step >= 10:
-            # minutes only: the schedule spans what the budget allows at the measured speed
-            per_step = elapsed / step
-            box["total"] = target = max(step + 1, int((limit_s - (time.time() - t_start))
-                                                      / per_step) + step)
-            box["warmup"] = warmup = min(warmup, max(10, target // 20))
-            sched = make_schedule(opt, warmup, target, tp["min_lr_ratio"], last_step=step - 1)
-            if bar is not None:
-                bar.total = target
-        if step % tp["log_every"] == 0 or step == target:
-            curve.append({"step": step, "loss": round(sum(interval) / len(interval), 5),
-                          "lr": sched.get_last_lr()[0], "tokens": tokens_seen,
-                          "elapsed_s": round(prior_wall + time.time() - t_start, 1)})
-            interval = []
-        if bar is not None:
-            bar.set_postfix(loss=f"{lv:.3f}", tok_s=f"{run_tokens / max(elapsed, 1e-9):.0f}",
-                            src=batch.source[:4], L=batch.input_ids.shape[1], refresh=False)
-            bar.update(1)
-        if tp["eval_every"] and step % tp["eval_every"] == 0 and step != target:
-            e = eval_loss(model, kind, eval_seqs, device, tp.get("block_size", 8))
-            evals.append({"step": step, **e})
-        if step % tp["ckpt_every"] == 0:
-            checkpoint()
-            log()
-        del loss, batch
-        if limit_s is not None and time.time() - t_start > limit_s and step != target:
-            stopped_by_time = True
-            break
-        if stop_at is not None and step >= stop_at:
-            break
+    bar = _progress_bar(run, progress)
+    stopped_by_time = _loop(run, minutes * 60 if minutes is not None else None, stop_at, bar)
     if bar is not None:
         bar.close()
 
-    final_eval = eval_loss(model, kind, eval_seqs, device, tp.get("block_size", 8))
-    evals.append({"step": step, **final_eval})
-    checkpoint()
-    save_final(model, out, kind)
-    data = log(final_eval)
-    summary = {"out": str(out), "kind": kind, "preset": preset, "seed": seed, "steps": step,
-               "schedule_steps": box["total"], "stopped_by_time": stopped_by_time,
-               "params": n_params, "tokens_seen": tokens_seen,
-               "wall_time_s": data["wall_time_s"], "tokens_per_s": data["tokens_per_s"],
-               "final_loss": data["final_loss"],
-               "eval_loss": final_eval.get("masked_loss", final_eval.get("ar_loss")),
-               "losses": list(losses)}
-    return summary
+    final_eval = run.evaluate()
+    run.evals.append({"step": run.step, **final_eval})
+    run.checkpoint()
+    save_final(run.model, out, kind)
+    data = run.log(final_eval)
+    return {"out": str(out), "kind": kind, "preset": preset, "seed": seed, "steps": run.step,
+            "schedule_steps": run.total or 10 ** 9, "stopped_by_time": stopped_by_time,
+            "params": run.n_params, "tokens_seen": run.tokens_seen,
+            "wall_time_s": data["wall_time_s"], "tokens_per_s": data["tokens_per_s"],
+            "final_loss": data["final_loss"],
+            "eval_loss": final_eval.get("masked_loss", final_eval.get("ar_loss")),
+            "losses": list(run.losses)}
