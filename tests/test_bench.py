@@ -82,6 +82,22 @@ def test_ar_suite_puts_both_systems_side_by_side_at_batch_1_and_8(bench_run):
         assert row["completion_tokens"] <= 6 * GEN
 
 
+def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(bench_run):
+    sec = bench_run.suites["stories"]
+    rows = sec["rows"]
+    assert [(r["system"].split(" (")[0], r["batch"]) for r in rows] == \
+        [("AR twin", 1), ("Celeris", 1), ("AR twin", 8), ("Celeris", 8)]
+    assert sec["settings"]["requests"] == 8           # --n 1: 8 held-out long requests
+    for row in rows:
+        assert row["requests"] == 8
+        assert row["completion_tokens"] <= 8 * sec["settings"]["max_new_tokens"]
+        for key in ("grammatical", "hero_kept", "request_honoured"):
+            assert 0.0 <= row[key] <= 1.0
+        assert row["vs_ar"] is not None
+    assert rows[0]["vs_ar"] == 1.0 and "tokens_per_forward" in rows[1]
+    assert "tokens_per_forward" not in rows[0]
+
+
 def test_lengths_are_capped_by_the_context_and_repeated(bench_run):
     sec = bench_run.suites["lengths"]
     labels = [r["length"] for r in sec["rows"]]

@@ -20,6 +20,7 @@ STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
 MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
 REQUESTS_PER_N = 8            # --n 5 -> 40 requests
+PROMPT_ROOM = 48              # context kept for the chat-templated request
 
 
 def requests_for(ctx: BenchContext) -> list[Any]:
@@ -45,9 +46,23 @@ def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list
     return row
 
 
+def max_new_tokens(ctx: BenchContext) -> int:
+    """MAX_NEW_TOKENS, or less when the model's context leaves less room after a prompt."""
+    context = int(ctx.engine.info().get("context_length") or MAX_NEW_TOKENS + PROMPT_ROOM)
+    return max(8, min(MAX_NEW_TOKENS, context - PROMPT_ROOM))
+
+
+def celeris_params(ctx: BenchContext) -> Any:
+    """The model's defaults with gen_length the story cap (a full-attention model keeps its
+    default steps per block)."""
+    from celeris.train.storycheck import _long_params
+    return _long_params(ctx.engine.default_params(), max_new_tokens(ctx)).replace(
+        seed=0, stop=())
+
+
 def measure_celeris(ctx: BenchContext, requests: Sequence[Any], batch: int) -> dict[str, Any]:
     engine = ctx.engine
-    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS, seed=0, stop=())
+    params = celeris_params(ctx)
     bar = ctx.bar(len(requests), f"Celeris batch {batch}")
     results, walls = timed_batches(
         lambda chunk: engine.generate_batch([messages(r.text) for r in chunk], params),
@@ -62,19 +77,20 @@ def measure_ar(ctx: BenchContext, requests: Sequence[Any], batch: int) -> dict[s
     ar = ctx.ar
     bar = ctx.bar(len(requests), f"AR batch {batch}")
     results, walls = timed_batches(
-        lambda chunk: ar.generate_batch([messages(r.text) for r in chunk], MAX_NEW_TOKENS),
+        lambda chunk: ar.generate_batch([messages(r.text) for r in chunk], max_new_tokens(ctx)),
         requests, batch, bar)
     bar.close()
     return _row("AR twin (transformers generate)", batch, [r["text"] for r in results],
                 [r["completion_tokens"] for r in results], None, walls, requests,
-                {"max_new_tokens": MAX_NEW_TOKENS, "decoding": "greedy", "kv_cache": True})
+                {"max_new_tokens": max_new_tokens(ctx), "decoding": "greedy",
+                 "kv_cache": True})
 
 
 def run_stories(ctx: BenchContext) -> dict[str, Any]:
     requests = requests_for(ctx)
     warm = [messages(requests[0].text)]
     ctx.ar.generate_batch(warm, 8)                       # skips early when the twin is missing
-    ctx.engine.generate_batch(warm, ctx.engine.default_params().replace(gen_length=16))
+    ctx.engine.generate_batch(warm, celeris_params(ctx).replace(gen_length=16, steps=None))
     rows = []
     for batch in (1, 8):
         ar_row = measure_ar(ctx, requests, batch)
@@ -86,13 +102,14 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
     info = ctx.engine.info()
     settings = {"model": info["path"], "dtype": info["dtype"], "device": info["device"],
                 "ar_model": ctx.ar.info(), "requests": len(requests), "batches": [1, 8],
-                "max_new_tokens": MAX_NEW_TOKENS,
-                "celeris_params": ctx.engine.default_params().to_dict(),
+                "max_new_tokens": max_new_tokens(ctx),
+                "celeris_params": celeris_params(ctx).to_dict(),
                 "prompt_source": "celeris.train.corpus.heldout_long_requests (held-out), "
                                  "as chat messages"}
+    cap = max_new_tokens(ctx)
     notes = ["Celeris runs the model's own defaults (generation_config.json) with gen_length "
-             f"a cap of {MAX_NEW_TOKENS}; the AR twin runs greedy generate() with "
-             f"max_new_tokens = {MAX_NEW_TOKENS}",
+             f"a cap of {cap}; the AR twin runs greedy generate() with "
+             f"max_new_tokens = {cap}",
              "grammar = fraction of sentences in shapes the story grammar writes; hero = "
              "fraction of stories whose named hero is kept to the end; request = fraction "
              "whose hero/place/object is the one asked for (celeris.train.storycheck)",
