@@ -25,6 +25,7 @@ from ui.context import EngineSlot
 from ui.infill import make_fill, model_note
 from ui.playground import after_run, make_generate, make_preset, replay_at
 from ui.settings import FIELDS, PRESETS, build_params, preset_settings, preset_values
+from ui.trajectory import Trajectory
 
 PROMPT = "Once upon a time"
 BLOCK_SIZES = (4, 8, 16)
@@ -148,10 +149,11 @@ def test_playground_runs_every_preset_and_its_canvas_shows_the_model_blocks(bd_e
     tints = [c["b"].split()[0] for c in parsed]         # alternating tint per model block
     assert all(tints[i] != tints[i - 1] for i in starts[1:])
     # the replay steps through the growing canvas: step 1 shows only the first block
-    slider, caption = after_run(data)[:2]
-    first, _ = replay_at(data, 1)
+    n = Trajectory.from_dict(data).num_steps
+    assert after_run(data)[1].startswith(f"step {n} of {n}")
+    first, caption = replay_at(data, 1)
     assert len(first) == (starts[1] if len(starts) > 1 else len(parsed))
-    assert "step 1 of" in replay_at(data, 1)[1]
+    assert "step 1 of" in caption
 
 
 def test_chat_answers_with_every_preset_on_a_block_model(dirs):
