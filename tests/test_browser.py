@@ -363,11 +363,13 @@ def test_playground_presets_and_blocks_of_the_block_diffusion_model(bd_page):
     expect(page.locator("#pg-block-length")).to_contain_text(f"model's blocks of {size}")
     page.locator("#pg-preset").get_by_text("story", exact=True).click()
     expect(page.locator("#pg-block-length input")).to_have_value("1")
+    expect(page.locator("#pg-decoding input")).to_have_value("fixed")
     page.locator("#pg-preset").get_by_text("fast", exact=True).click()
-    expect(page.locator("#pg-block-length input")).not_to_have_value("1")
+    expect(page.locator("#pg-decoding input")).to_have_value("threshold")
     block = int(page.locator("#pg-block-length input").input_value())
     assert size % block == 0
-    if "threshold" in defaults:   # fast runs at the model's own threshold
+    if defaults.get("decoding") == "threshold" and "threshold" in defaults:   # fast runs at
+        # the model's own threshold
         expect(page.locator("#pg-threshold input[type=number]")).to_have_value(
             f"{defaults['threshold']:g}")
     set_number(page, "pg-gen-length", 32)
