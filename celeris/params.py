@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-DECODINGS = ("fixed", "threshold", "factor", "prefix")
+DECODINGS = ("fixed", "threshold", "factor", "ltr")
 REMASKINGS = ("low_confidence", "margin", "entropy", "random")
 CACHES = ("none", "prefix", "dual")
 FIRST_TOKENS = ("policy", "greedy")
@@ -45,7 +45,7 @@ class GenerationParams:
     temperature:  0 = greedy; > 0 adds Gumbel noise computed in float64 (LLaDA, sec. B.3).
     top_p/top_k:  nucleus / top-k filtering of the logits before sampling (1.0 / 0 = off).
     decoding:     "fixed" (reference), "threshold" (commit every position with confidence >=
-                  threshold, at least one), "factor" (Fast-dLLM's factor rule), "prefix"
+                  threshold, at least one), "factor" (Fast-dLLM's factor rule), "ltr"
                   (left-to-right threshold: the leftmost masked position and the run of
                   masked positions after it whose confidence >= threshold).
     remasking:    which confidence orders the commits: low_confidence (top-1 probability),

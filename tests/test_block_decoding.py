@@ -32,7 +32,7 @@ def _ids(results):
 
 
 @pytest.mark.parametrize("decoding,block_length", [("threshold", 4), ("fixed", 2),
-                                                   ("factor", 4), ("prefix", 4)])
+                                                   ("factor", 4), ("ltr", 4)])
 def test_cached_decode_equals_full_recompute_alone_and_in_a_mixed_batch(engine, decoding,
                                                                         block_length):
     params = engine.default_params().replace(decoding=decoding, block_length=block_length)
@@ -172,16 +172,16 @@ def test_block_batch_canvas_grows_block_by_block_up_to_the_cap(engine):
 
 
 def test_prefix_decoding_commits_a_confident_run_from_the_left():
-    """decoding="prefix": the leftmost masked position, then the masked positions after it
+    """decoding="ltr": the leftmost masked position, then the masked positions after it
     while their confidence passes the threshold; committed positions are skipped over."""
-    from celeris.sampler.policies import PrefixThreshold
+    from celeris.sampler.policies import LeftToRightThreshold
     conf = torch.tensor([[0.9, 0.8, 0.2, 0.95],      # run of two, stops at 0.2
                          [0.1, 0.9, 0.9, 0.9],       # leftmost below: it alone
                          [0.0, 0.9, 0.1, 0.9],       # position 0 committed already
                          [0.9, 0.9, 0.9, 0.9]])
     masked = torch.tensor([[True, True, True, True], [True, True, True, True],
                            [False, True, False, True], [False, False, False, False]])
-    got = PrefixThreshold()(conf, masked, None, torch.full((4,), 0.5), None)
+    got = LeftToRightThreshold()(conf, masked, None, torch.full((4,), 0.5), None)
     assert got.tolist() == [[True, True, False, False], [True, False, False, False],
                             [False, True, False, True], [False, False, False, False]]
 
@@ -190,11 +190,11 @@ def test_prefix_decoding_at_threshold_one_is_left_to_right_greedy(engine):
     """Nothing passes a threshold of 1.0, so each step commits the leftmost position only:
     the same tokens as the reference schedule one position at a time (block length 1)."""
     base = engine.default_params().replace(gen_length=12)
-    prefix = base.replace(decoding="prefix", threshold=1.0)
+    prefix = base.replace(decoding="ltr", threshold=1.0)
     ltr = base.replace(decoding="fixed", block_length=1, steps=12)
     for p in PROMPTS:
         a, b = engine.generate(p, prefix), engine.generate(p, ltr)
         assert a.token_ids == b.token_ids and a.nfe == b.nfe
-    fast = base.replace(decoding="prefix", threshold=0.01, suppress_eos=True)
+    fast = base.replace(decoding="ltr", threshold=0.01, suppress_eos=True)
     runs = [engine.generate(p, fast) for p in PROMPTS]
     assert sum(r.nfe for r in runs) < sum(len(r.token_ids) for r in runs)   # runs per forward

@@ -120,7 +120,7 @@ def race_params(base: GenerationParams, gen_length: Any, block_length: Any, thre
     """(main, canvas) settings. ``base`` is the loaded model's defaults.
 
     Block-causal: main = its own defaults with its threshold rule (plain or left-to-right
-    "prefix"; threshold when its default is the fixed schedule), the tab's threshold and
+    "ltr"; threshold when its default is the fixed schedule), the tab's threshold and
     gen length (a cap), its block length and cache kept; canvas = the full-canvas model's
     (``canvas_base``, None when it is unavailable) fast configuration with the tab's block
     length. Full attention: main = the fast configuration, canvas = the reference sampler.
@@ -128,7 +128,7 @@ def race_params(base: GenerationParams, gen_length: Any, block_length: Any, thre
     with user_errors():
         gen, block, thr = int(float(gen_length)), int(float(block_length)), float(threshold)
         if block_causal:
-            rule = base.decoding if base.decoding in ("threshold", "prefix") else "threshold"
+            rule = base.decoding if base.decoding in ("threshold", "ltr") else "threshold"
             main = base.replace(decoding=rule, threshold=thr, gen_length=gen, steps=None)
             canvas = (None if canvas_base is None
                       else fast_params(canvas_base, gen, block, thr))

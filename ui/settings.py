@@ -30,7 +30,7 @@ CACHE_CHOICES = CACHES
 # block size (see ``preset_settings``).
 _QUALITY = {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
             "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"}
-ADAPTIVE = ("threshold", "prefix")      # decodings that commit by a confidence threshold
+ADAPTIVE = ("threshold", "ltr")      # decodings that commit by a confidence threshold
 PRESETS: dict[str, dict[str, Any]] = {
     "fast": {**_QUALITY, "decoding": "threshold", "cache": "prefix"},
     "balanced": {**_QUALITY, "decoding": "threshold", "threshold": 0.95},
@@ -64,7 +64,7 @@ def preset_settings(name: str, gen_length: int, block_size: int | None = None,
     length becomes a divisor of the block size (story: 1; the others: the whole block), the
     cached forward is exact there (fast and balanced keep the KV cache), and fast runs at the
     model's own threshold and block length when its defaults (``defaults``: its
-    generation_config) decode by threshold (plain or left-to-right "prefix", whose rule fast
+    generation_config) decode by threshold (plain or left-to-right "ltr", whose rule fast
     and balanced then keep); balanced is never less strict than that."""
     if name not in PRESETS:
         raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {name!r}")

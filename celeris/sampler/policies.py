@@ -94,9 +94,10 @@ class ConfidenceFactor:
         return (rank < n) & masked
 
 
-class PrefixThreshold:
-    """Left-to-right threshold: commit the leftmost masked position, then each following
-    masked position while its confidence >= threshold, stopping at the first one below it.
+class LeftToRightThreshold:
+    """decoding="ltr" (left-to-right threshold): commit the leftmost masked position, then
+    each following masked position while its confidence >= threshold, stopping at the first
+    one below it.
 
     Plain threshold decoding may commit a position several places right of the last committed
     one while the positions between stay masked; a model trained left to right (an AR twin
@@ -114,4 +115,4 @@ class PrefixThreshold:
 
 
 SELECTORS = {"fixed": FixedCount(), "threshold": ConfidenceThreshold(),
-             "factor": ConfidenceFactor(), "prefix": PrefixThreshold()}
+             "factor": ConfidenceFactor(), "ltr": LeftToRightThreshold()}
