@@ -23,8 +23,9 @@ _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--top-k", "top_k", int, "top-k filtering (0 = off)"),
     ("--remasking", "remasking", str,
      "confidence that orders commits: low_confidence, margin, entropy, random"),
-    ("--decoding", "decoding", str, "unmask schedule: fixed, threshold, factor"),
-    ("--threshold", "threshold", float, "confidence threshold for --decoding threshold"),
+    ("--decoding", "decoding", str, "unmask schedule: fixed, threshold, factor, ltr (left to "
+     "right threshold)"),
+    ("--threshold", "threshold", float, "confidence threshold for --decoding threshold|ltr"),
     ("--factor", "factor", float, "factor for --decoding factor"),
     ("--cache", "cache", str, "block KV cache: none, prefix, dual"),
     ("--cfg-scale", "cfg_scale", float, "classifier-free guidance scale (0 = off)"),
