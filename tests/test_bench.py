@@ -14,7 +14,7 @@ from celeris.bench.lengths import length_plan
 from tests.test_bench_fixture import one_thread, tiny_ar_dir, tiny_model_dir  # noqa: F401
 
 GEN, BLOCK = 16, 8
-SUITES = ("decode", "ar", "lengths", "serve", "invariance", "gpu")
+SUITES = ("decode", "ar", "stories", "lengths", "serve", "invariance", "gpu")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -166,3 +166,22 @@ def test_infill_tab_examples_fill_grammatically_at_the_tab_default_span():
         out = engine.infill_text(text, engine.default_params(), span=DEFAULT_SPAN)
         assert "[MASK]" not in out and out.endswith(text.rsplit("[MASK]", 1)[1])
         assert storycheck.score([out])["grammatical"] == 1.0, out
+
+
+def test_block_diffusion_model_scores_as_its_card_says(default_engine):
+    """celeris-tiny-bd on a slice of the held-out tasks (accuracy and tokens per forward) and
+    on three held-out long-story requests (grammar), against its eval.json."""
+    from celeris.train.corpus import heldout_long_requests
+    from celeris.train.storycheck import long_score
+    card = _card(BD)
+    report = evaluate(default_engine, limit=SLICE, device="cpu", batch_size=6 * SLICE)
+    assert report["mean_accuracy"] >= card["mean_accuracy"] - MARGIN
+    tpf = report["generated_tokens"] / (report["nfe_mean"] * 6 * SLICE)
+    assert tpf >= card["tokens_per_forward"] - 0.5
+    requests = heldout_long_requests(3)
+    params = default_engine.default_params().replace(gen_length=448)
+    texts = [r.text for r in default_engine.generate_batch(
+        [[{"role": "user", "content": q.text}] for q in requests], params)]
+    score = long_score(texts, requests)
+    assert score["sentences"] >= 20
+    assert score["grammatical"] >= card["stories"]["grammatical"] - 0.1
