@@ -76,10 +76,12 @@ def test_the_space_app_starts_and_serves_the_playground_and_v1_models(space_dir)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                if _get(f"http://127.0.0.1:{port}/health")[0] == 200:
+                # /ready, not /health: the model routes answer 503 until the warm-up ran
+                if _get(f"http://127.0.0.1:{port}/ready")[0] == 200:
                     break
             except OSError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)
         assert proc.poll() is None, proc.stdout.read()
         status, page = _get(f"http://127.0.0.1:{port}/")
         assert status == 200 and b"gradio" in page.lower()
