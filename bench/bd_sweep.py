@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=10, help="held-out problems per task")
     ap.add_argument("--stories", type=int, default=12, help="held-out long requests")
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--decoding", default="ltr", help="threshold rule: ltr (default) or threshold")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -92,9 +93,9 @@ def main() -> None:
             engine = Engine.from_pretrained(with_block_size(Path(args.model), size, Path(tmp)),
                                             device="cpu")
             for th in (float(t) for t in args.thresholds.split(",")):
-                params = engine.default_params().replace(threshold=th, decoding="threshold",
+                params = engine.default_params().replace(threshold=th, decoding=args.decoding,
                                                          temperature=0.0, gen_length=64)
-                row = {"block_size": size, "threshold": th,
+                row = {"block_size": size, "threshold": th, "decoding": args.decoding,
                        **measure(engine, params, examples, requests, args.batch)}
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items()
