@@ -167,11 +167,11 @@ def test_long_score_counts_grammar_hero_requests_and_unfinished_texts():
 
 def test_long_decoding_keeps_the_default_steps_per_block():
     base = GenerationParams(gen_length=64, block_length=32, steps=64)
-    long = storycheck._long_params(base, 448)
+    long = storycheck.long_params(base, 448)
     assert (long.gen_length, long.block_length, long.steps) == (448, 32, 448)
-    half = storycheck._long_params(base.replace(steps=32), 448)
+    half = storycheck.long_params(base.replace(steps=32), 448)
     assert half.steps == 14 * 16 and half.steps_per_block == 16
-    assert storycheck._long_params(GenerationParams(block_length=8), 20).steps is None
+    assert storycheck.long_params(GenerationParams(block_length=8), 20).steps is None
 
 
 def test_measure_long_answers_chat_requests_and_counts_tokens_and_forwards(tmp_path):

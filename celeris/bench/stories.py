@@ -55,8 +55,8 @@ def max_new_tokens(ctx: BenchContext) -> int:
 def celeris_params(ctx: BenchContext) -> Any:
     """The model's defaults with gen_length the story cap (a full-attention model keeps its
     default steps per block)."""
-    from celeris.train.storycheck import _long_params
-    return _long_params(ctx.engine.default_params(), max_new_tokens(ctx)).replace(
+    from celeris.train.storycheck import long_params
+    return long_params(ctx.engine.default_params(), max_new_tokens(ctx)).replace(
         seed=0, stop=())
 
 

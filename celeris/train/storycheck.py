@@ -389,7 +389,7 @@ def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -
             "examples_failed": failures[:5]}
 
 
-def _long_params(default, max_new_tokens: int):
+def long_params(default, max_new_tokens: int):
     """The model's default decoding with gen_length = ``max_new_tokens``; a fixed step count
     is rescaled to keep the default's steps per block (64 steps over 2 blocks of 32 becomes
     32 per block, so the long canvas keeps the schedule it was tuned with)."""
@@ -405,7 +405,7 @@ def measure_long(model_dir: str, kind: str = "diffusion", *, n: int = LONG_REQUE
     answers with ``long_score``.
 
     Diffusion: ``Engine.generate`` with the model's default decoding at gen_length =
-    ``max_new_tokens`` (``_long_params``); ``forwards`` is the summed NFE, so
+    ``max_new_tokens`` (``long_params``); ``forwards`` is the summed NFE, so
     ``tokens_per_forward`` is comparable to bench figures. AR: ``ARBaseline`` greedy with a KV
     cache, one forward per token, so ``forwards`` is None."""
     from celeris import ARBaseline, Engine
@@ -423,7 +423,7 @@ def measure_long(model_dir: str, kind: str = "diffusion", *, n: int = LONG_REQUE
         decoding = f"greedy generate, {max_new_tokens} new tokens at most"
     else:
         engine = Engine.from_pretrained(model_dir, device="cpu")
-        params = _long_params(engine.default_params(), max_new_tokens)
+        params = long_params(engine.default_params(), max_new_tokens)
         results = [engine.generate(chat, params) for chat in chats]
         texts = [r.text for r in results]
         tokens = sum(r.usage.completion_tokens for r in results)
