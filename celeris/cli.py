@@ -230,7 +230,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "the AR twin, AR-to-diffusion adaptation; ar: continued training)")
     p.add_argument("--mix", default=None, metavar="WEIGHTS",
                    help="source weights, e.g. task=0.45,long=0.25,longreq=0.3 (sources: story, "
-                        "task, request, long, longreq; default story=0.2,task=0.65,"
+                        "task, request, long, longreq, reqhead; default story=0.2,task=0.65,"
                         "request=0.15)")
     p.add_argument("--tokens-per-batch", type=int, default=None, metavar="N",
                    help="tokens per optimizer step, padding included (default: the preset's)")

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,44 @@ def test_mix_accepts_the_long_sources_and_names_them_in_errors():
     assert {stream.pick_source() for _ in range(200)} == {"task", "long", "longreq"}
     item = stream.item("longreq")
     assert item.messages[0][0] == "user" and len(item.answer.split()) >= 125
+
+
+def test_reqhead_rows_are_request_prompts_and_the_first_canvas_tokens_of_their_story():
+    """reqhead: a long request answered by its story cropped to the canvas, every answer
+    position scored, no end of turn (a beginning, not an end), nothing after it; block
+    diffusion scores the same positions."""
+    from celeris.train.data import HEAD_BUCKETS, Batcher
+    from celeris.train.storycheck import hero_of
+    from celeris.train.tokenizer_train import load_raw
+
+    tok = load_raw(ROOT / "models" / "celeris-tiny-bd")
+    stream = corpus.Stream(seed=4, mix=corpus.Mix.from_weights("story=0,task=0,request=0,reqhead=1"))
+    batcher = Batcher(tok, stream, tokens_per_batch=1024)
+    canvases = set()
+    for _ in range(4):
+        b = batcher.next()
+        assert b.source == "reqhead" and b.length in dict(HEAD_BUCKETS)
+        canvases.add(b.length)
+        prompt_len = b.input_ids.shape[1] - b.length
+        scored = b.labels != IGNORE
+        assert scored[:, prompt_len:].all() and not scored[:, :prompt_len].any()
+        assert b.maskable[:, prompt_len:].all() and not b.maskable[:, :prompt_len].any()
+        eot = batcher.eot
+        assert not (b.input_ids[:, prompt_len:] == eot).any()        # cropped: no end of turn
+        for row in b.input_ids:
+            text = tok.decode(row.tolist(), skip_special_tokens=False)
+            prompt, _, answer = text.partition("<|assistant|>")
+            hero = hero_of(answer)            # the opening sentence fits the shortest canvas
+            assert hero is not None, answer
+            asked = [k for k in corpus.KINDS if re.search(rf"\b{k}\b", prompt)]
+            if asked:                          # the hero is the kind the request asks for
+                assert hero.kind in asked, (prompt, answer)
+        inputs = blockdiff.block_inputs(b, 8, 3, torch.Generator().manual_seed(0))
+        assert int((inputs.targets != IGNORE).sum()) > 0
+    assert len(canvases) >= 1
+    # the story behind a row honours its request: the stream's item is a long request
+    item = corpus.Stream(seed=4, mix=stream.mix).item("reqhead")
+    assert item.source == "reqhead" and len(item.answer.split()) >= 125
 
 
 # ----------------------------------------------------------------------------- self-generated pool

@@ -273,7 +273,7 @@ def test_semi_autoregressive_rows_off_leave_the_stream_and_the_masks_unchanged(t
 def test_mix_from_weights_parses_text_and_names_bad_fields():
     mix = corpus.Mix.from_weights("story=0.4, task=0.45")
     assert mix.sources() == (("story", 0.4), ("task", 0.45), ("request", 0.15),
-                             ("long", 0.0), ("longreq", 0.0))
+                             ("long", 0.0), ("longreq", 0.0), ("reqhead", 0.0))
     assert corpus.Mix.from_weights({"request": 0}).request == 0.0
     assert corpus.Mix.from_weights(None) == corpus.Mix()
     stream = corpus.Stream(seed=0, mix=corpus.Mix.from_weights("story=0,task=1,request=0"))
@@ -332,7 +332,7 @@ def test_training_takes_a_mix_and_semi_autoregressive_rows(tmp_path, one_thread)
     assert run["losses"] != plain["losses"] and all(x == x and x > 0 for x in run["losses"])
     log = json.loads((tmp_path / "b" / "train_log.json").read_text())
     assert log["train_config"]["mix"] == {"story": 1.0, "task": 0.0, "request": 1.0,
-                                          "long": 0.0, "longreq": 0.0}
+                                          "long": 0.0, "longreq": 0.0, "reqhead": 0.0}
     assert log["train_config"]["semi_ar_prob"] == 0.5
     assert log["data"]["sources"]["task"] == 0.0
     again = _train(tmp_path / "c", steps=4, mix="story=1,task=0,request=1", semi_ar_prob=0.5)

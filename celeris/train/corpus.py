@@ -617,8 +617,12 @@ class Mix:
     request: chat story requests ("Tell me a story about a cat.") answered with a story.
     long:    plain long stories (150-400 tokens, one named hero; ``long_story``).
     longreq: chat requests for a long story, honoured by it (``long_request``).
+    reqhead: the same requests answered by the first tokens of their story only (the data
+             layer crops the answer to the canvas, no end of turn): ~5x more requests per
+             token than ``longreq``, for learning to honour a request (the opening names the
+             hero's kind, adjective and name, and usually the place).
 
-    The two long sources default to 0, so the older recipes draw the same stream as before.
+    The long sources default to 0, so the older recipes draw the same stream as before.
     """
 
     story: float = 0.20
@@ -626,13 +630,14 @@ class Mix:
     request: float = 0.15
     long: float = 0.0
     longreq: float = 0.0
+    reqhead: float = 0.0
     task_weights: tuple[tuple[str, float], ...] = (("copy", 0.5), ("reverse", 1.25),
                                                    ("sort", 1.5), ("add", 3.0), ("max", 0.25),
                                                    ("count", 0.25))
 
     def sources(self) -> tuple[tuple[str, float], ...]:
         return (("story", self.story), ("task", self.task), ("request", self.request),
-                ("long", self.long), ("longreq", self.longreq))
+                ("long", self.long), ("longreq", self.longreq), ("reqhead", self.reqhead))
 
     @classmethod
     def from_weights(cls, weights: "dict[str, float] | str | None") -> "Mix":
@@ -651,7 +656,7 @@ class Mix:
                     parsed[name.strip()] = float(value)
                 except ValueError:
                     raise ValueError(f"mix: expected NAME=WEIGHT items separated by commas "
-                                     f"(names: story, task, request, long, longreq), got {part!r}") from None
+                                     f"(names: story, task, request, long, longreq, reqhead), got {part!r}") from None
             weights = parsed
         known = tuple(name for name, _ in cls().sources())
         unknown = sorted(set(weights) - set(known))
@@ -698,9 +703,9 @@ def _request_item(rng: random.Random, mix: Mix) -> Item:
     return Item("request", messages=(("user", q),), answer=s)
 
 
-def _long_request_item(rng: random.Random, mix: Mix) -> Item:
+def _long_request_item(rng: random.Random, mix: Mix, source: str = "longreq") -> Item:
     r = long_request(rng)
-    return Item("longreq", messages=(("user", r.text),), answer=r.story)
+    return Item(source, messages=(("user", r.text),), answer=r.story)
 
 
 # source name -> builder(rng, mix) of one training item of that source
@@ -710,6 +715,7 @@ ITEM_BUILDERS = {
     "request": _request_item,
     "long": lambda rng, mix: Item("long", text=random_long_story(rng)),
     "longreq": _long_request_item,
+    "reqhead": lambda rng, mix: _long_request_item(rng, mix, "reqhead"),
 }
 
 

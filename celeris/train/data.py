@@ -39,7 +39,9 @@ STORY_BUCKETS = ((64, 0.45), (128, 0.40), (256, 0.15))
 TASK_BUCKETS = ((16, 0.25), (32, 0.45), (64, 0.15), (128, 0.08), (256, 0.07))
 REQUEST_BUCKETS = ((64, 0.30), (128, 0.45), (256, 0.25))
 LONG_BUCKETS = ((384, 1.0),)            # long stories: 150-400 tokens, for AR/block models
-PROMPT_ESTIMATE = {"task": 22, "request": 16, "longreq": 22}   # mean prompt tokens, for the rows per batch
+HEAD_BUCKETS = ((32, 0.5), (64, 0.3), (128, 0.2))  # reqhead: a long story cropped to its start
+PROMPT_ESTIMATE = {"task": 22, "request": 16, "longreq": 22, "reqhead": 22}
+CROPPED = ("reqhead",)                  # chat sources whose answer is cropped to the canvas   # mean prompt tokens, for the rows per batch
 SEMI_AR_BLOCKS = (1, 2, 4, 8, 16, 32)             # block lengths of semi-autoregressive rows
 
 
@@ -75,7 +77,8 @@ class Batcher:
     def __init__(self, tokenizer, stream: Stream, tokens_per_batch: int = 4096,
                  prefix_prob: float = 0.25, semi_ar_prob: float = 0.0,
                  story_buckets=STORY_BUCKETS, task_buckets=TASK_BUCKETS,
-                 request_buckets=REQUEST_BUCKETS, long_buckets=LONG_BUCKETS) -> None:
+                 request_buckets=REQUEST_BUCKETS, long_buckets=LONG_BUCKETS,
+                 head_buckets=HEAD_BUCKETS) -> None:
         for name, p in (("prefix_prob", prefix_prob), ("semi_ar_prob", semi_ar_prob),
                         ("prefix_prob + semi_ar_prob", prefix_prob + semi_ar_prob)):
             if not 0.0 <= p <= 1.0:
@@ -87,7 +90,7 @@ class Batcher:
         self.semi_ar_prob = semi_ar_prob
         self.buckets = {"story": tuple(story_buckets), "task": tuple(task_buckets),
                         "request": tuple(request_buckets), "long": tuple(long_buckets),
-                        "longreq": tuple(long_buckets)}
+                        "longreq": tuple(long_buckets), "reqhead": tuple(head_buckets)}
         self.pad, self.bos, self.eos, self.eot = (SPECIAL_IDS["pad"], SPECIAL_IDS["bos"],
                                                   SPECIAL_IDS["eos"], SPECIAL_IDS["eot"])
         self._chat = _chat_renderer(tokenizer)
@@ -156,10 +159,13 @@ class Batcher:
 
     # ------------------------------------------------------------------ chats
     def chat_example(self, source: str, canvas: int) -> tuple[list[int], list[int]]:
-        """(prompt ids, answer ids + EoT) of one item whose answer fits ``canvas``."""
+        """(prompt ids, answer ids + EoT) of one item whose answer fits ``canvas``; for a
+        ``CROPPED`` source, the answer's first ``canvas`` ids (no EoT: a beginning, not an end)."""
         while True:
             item: Item = self.stream.item(source)
             answer = self.encode(item.answer) + [self.eot]
+            if source in CROPPED and len(answer) > canvas:
+                return self.encode(self.render_chat(item.chat())), answer[:canvas]
             if len(answer) <= canvas:
                 return self.encode(self.render_chat(item.chat())), answer
 
@@ -182,7 +188,7 @@ class Batcher:
             maskable[r, plen:] = True
             labels[r, plen:plen + len(a)] = ids[r, plen:plen + len(a)]
             # (no draw at all when semi_ar_prob is 0, so older recipes keep their stream)
-            if source in ("request", "longreq") and self.semi_ar_prob > 0 \
+            if source in ("request", "longreq", "reqhead") and self.semi_ar_prob > 0 \
                     and self.rng.random() < self.semi_ar_prob:
                 self._semi_ar(maskable[r], forced[r], plen, plen + len(a))
         return Batch(ids, None if bool(attn.all()) else attn, maskable, labels, source, canvas,
