@@ -3,7 +3,7 @@
 A model trained with ``celeris train --kind bd --block-sizes 4,8,16`` has seen every one of
 those block sizes; this sweep decodes held-out prompts with each (block size, threshold) pair
 and reports, side by side: exact match on the checkable tasks, and on long-story requests the
-story scores (``storycheck.long_score``) and tokens per forward. Speed is the bench's job
+story scores (``longcheck.long_score``) and tokens per forward. Speed is the bench's job
 (``python -m celeris bench --suite ar,stories``); TPF here is what decides it.
 
     python bench/bd_sweep.py --model runs/bd --sizes 4,8,16 --thresholds 0.5,0.7,0.9 \\
@@ -40,7 +40,7 @@ def with_block_size(model: Path, size: int, root: Path) -> Path:
 
 def measure(engine, params, task_examples, requests, batch: int) -> dict:
     from celeris.train import score
-    from celeris.train.storycheck import long_score
+    from celeris.train.longcheck import long_score
 
     t0 = time.perf_counter()
     res = []

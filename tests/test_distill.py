@@ -14,6 +14,7 @@ import torch
 
 from celeris.train import blockdiff, corpus
 from celeris.train.data import IGNORE
+from celeris.train.stream import Mix, Stream, load_pool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +63,7 @@ def test_long_request_asks_only_for_what_its_text_names():
 def test_zero_weight_long_sources_leave_the_old_stream_unchanged():
     """celeris-tiny's recipe (the default Mix) must draw exactly the sources it drew before
     the long sources existed."""
-    stream = corpus.Stream(seed=0)
+    stream = Stream(seed=0)
     rng = random.Random("celeris-stream:0")
     old = [rng.choices(("story", "task", "request"), (0.20, 0.65, 0.15))[0]
            for _ in range(300)]
@@ -70,11 +71,11 @@ def test_zero_weight_long_sources_leave_the_old_stream_unchanged():
 
 
 def test_mix_accepts_the_long_sources_and_names_them_in_errors():
-    mix = corpus.Mix.from_weights("story=0,request=0,task=0.45,long=0.25,longreq=0.3")
+    mix = Mix.from_weights("story=0,request=0,task=0.45,long=0.25,longreq=0.3")
     assert dict(mix.sources())["longreq"] == 0.3
     with pytest.raises(ValueError, match="longreq"):
-        corpus.Mix.from_weights("novel=1")
-    stream = corpus.Stream(seed=0, mix=mix)
+        Mix.from_weights("novel=1")
+    stream = Stream(seed=0, mix=mix)
     assert {stream.pick_source() for _ in range(200)} == {"task", "long", "longreq"}
     item = stream.item("longreq")
     assert item.messages[0][0] == "user" and len(item.answer.split()) >= 125
@@ -85,11 +86,11 @@ def test_reqhead_rows_are_request_prompts_and_the_first_canvas_tokens_of_their_s
     position scored, no end of turn (a beginning, not an end), nothing after it; block
     diffusion scores the same positions."""
     from celeris.train.data import HEAD_BUCKETS, Batcher
-    from celeris.train.storycheck import hero_of
+    from celeris.train.longcheck import hero_of
     from celeris.train.tokenizer_train import load_raw
 
     tok = load_raw(ROOT / "models" / "celeris-tiny-bd")
-    stream = corpus.Stream(seed=4, mix=corpus.Mix.from_weights("story=0,task=0,request=0,reqhead=1"))
+    stream = Stream(seed=4, mix=Mix.from_weights("story=0,task=0,request=0,reqhead=1"))
     batcher = Batcher(tok, stream, tokens_per_batch=1024)
     canvases = set()
     for _ in range(4):
@@ -114,7 +115,7 @@ def test_reqhead_rows_are_request_prompts_and_the_first_canvas_tokens_of_their_s
         assert int((inputs.targets != IGNORE).sum()) > 0
     assert len(canvases) >= 1
     # the story behind a row honours its request: the stream's item is a long request
-    item = corpus.Stream(seed=4, mix=stream.mix).item("reqhead")
+    item = Stream(seed=4, mix=stream.mix).item("reqhead")
     assert item.source == "reqhead" and len(item.answer.split()) >= 125
 
 
@@ -125,31 +126,31 @@ def _write_pool(path: Path, lines: list) -> Path:
 
 
 def test_pool_items_replace_generated_ones_with_the_given_probability(tmp_path):
-    pool = corpus.load_pool(_write_pool(tmp_path / "p.jsonl", [
+    pool = load_pool(_write_pool(tmp_path / "p.jsonl", [
         {"source": "task", "prompt": "Copy: 1 2", "answer": "1 2"}, {"done": 1},
         {"source": "longreq", "prompt": "Tell me a story.", "answer": "Once."}, {"done": 2}]))
     assert {k: len(v) for k, v in pool.items()} == {"task": 1, "longreq": 1}
-    always = corpus.Stream(seed=0, pool=pool, pool_prob=1.0)
+    always = Stream(seed=0, pool=pool, pool_prob=1.0)
     assert always.item("task").answer == "1 2" and always.item("longreq").answer == "Once."
     assert always.item("story").source == "story"         # no pool for plain stories
-    never = corpus.Stream(seed=0, pool=pool, pool_prob=0.0)
+    never = Stream(seed=0, pool=pool, pool_prob=0.0)
     assert all(never.item("task") is not pool["task"][0] for _ in range(50))
-    half = corpus.Stream(seed=5, pool=pool, pool_prob=0.5)
+    half = Stream(seed=5, pool=pool, pool_prob=0.5)
     share = sum(half.item("task").answer == "1 2" for _ in range(400)) / 400
     assert 0.4 < share < 0.6
 
 
 def test_pool_errors_name_the_file_and_line(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such file"):
-        corpus.load_pool(tmp_path / "missing.jsonl")
+        load_pool(tmp_path / "missing.jsonl")
     bad = _write_pool(tmp_path / "bad.jsonl", [{"source": "task", "prompt": "x", "answer": "y"},
                                                {"prompt": "no source"}])
     with pytest.raises(ValueError, match=r"line 2"):
-        corpus.load_pool(bad)
+        load_pool(bad)
     with pytest.raises(ValueError, match="no records"):
-        corpus.load_pool(_write_pool(tmp_path / "empty.jsonl", [{"done": 0}]))
+        load_pool(_write_pool(tmp_path / "empty.jsonl", [{"done": 0}]))
     with pytest.raises(ValueError, match="selfgen_prob"):
-        corpus.Stream(pool={"task": []}, pool_prob=1.5)
+        Stream(pool={"task": []}, pool_prob=1.5)
 
 
 # ----------------------------------------------------------------------------- certainty term

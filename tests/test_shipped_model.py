@@ -172,7 +172,7 @@ def test_block_diffusion_model_scores_as_its_card_says(default_engine):
     """celeris-tiny-bd on a slice of the held-out tasks (accuracy and tokens per forward) and
     on three held-out long-story requests (grammar), against its eval.json."""
     from celeris.train.corpus import heldout_long_requests
-    from celeris.train.storycheck import long_score
+    from celeris.train.longcheck import long_score
     card = _card(BD)
     report = evaluate(default_engine, limit=SLICE, device="cpu", batch_size=6 * SLICE)
     assert report["mean_accuracy"] >= card["mean_accuracy"] - MARGIN

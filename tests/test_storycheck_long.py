@@ -6,8 +6,8 @@ import random
 import pytest
 
 from celeris import GenerationParams
-from celeris.train import corpus, storycheck
-from celeris.train.storycheck import Hero
+from celeris.train import corpus, longcheck, storycheck
+from celeris.train.longcheck import Hero
 
 # A hand-written long story in the corpus's own sentence shapes: the base of the corruptions.
 STORY = ("Once upon a time, there was a brave fox named Tom. Tom liked to play every day.\n\n"
@@ -40,7 +40,7 @@ def _only_unsaid_places_fail(requests: list[corpus.StoryRequest], report: dict) 
 
 def test_long_corpus_stories_are_grammatical_and_keep_their_hero():
     stories = corpus.heldout_long_stories(200)
-    report = storycheck.long_score(stories)
+    report = longcheck.long_score(stories)
     assert report["sentences"] > 4000 and report["grammatical"] >= 0.999
     assert report["hero_kept"] == 1.0 and report["unfinished"] == 0
     assert report["request_honoured"] is None and report["examples_failed"] == []
@@ -49,31 +49,31 @@ def test_long_corpus_stories_are_grammatical_and_keep_their_hero():
 @pytest.mark.parametrize("requests", [_requests(200, seed=1), corpus.heldout_long_requests(200)],
                          ids=["train", "heldout"])
 def test_long_request_stories_honour_their_requests(requests):
-    report = storycheck.long_score([r.story for r in requests], requests)
+    report = longcheck.long_score([r.story for r in requests], requests)
     assert report["grammatical"] >= 0.999 and report["hero_kept"] == 1.0
     assert sum(bool(r.asks) for r in requests) > 150          # most ask for something
     _only_unsaid_places_fail(requests, report)
 
 
 def test_the_hero_is_read_from_either_introduction_form():
-    assert storycheck.hero_of(STORY) == Hero("fox", "brave", "Tom")
-    assert storycheck.hero_of("Once upon a time, there was a curious old man named Oscar.") \
+    assert longcheck.hero_of(STORY) == Hero("fox", "brave", "Tom")
+    assert longcheck.hero_of("Once upon a time, there was a curious old man named Oscar.") \
         == Hero("old man", "curious", "Oscar")
-    assert storycheck.hero_of("Mia was a shy cat who lived in the park. She was happy.") \
+    assert longcheck.hero_of("Mia was a shy cat who lived in the park. She was happy.") \
         == Hero("cat", "shy", "Mia")
-    assert storycheck.hero_of("Long ago, an old woman called Ruby lived by the sea.") \
+    assert longcheck.hero_of("Long ago, an old woman called Ruby lived by the sea.") \
         == Hero("old woman", None, "Ruby")
-    assert storycheck.hero_of("Once upon a time, there was a little girl.") is None
-    assert storycheck.hero_of("Tom met a shy cat named Mia.") == Hero("cat", "shy", "Mia")
-    assert storycheck.hero_of("") is None
+    assert longcheck.hero_of("Once upon a time, there was a little girl.") is None
+    assert longcheck.hero_of("Tom met a shy cat named Mia.") == Hero("cat", "shy", "Mia")
+    assert longcheck.hero_of("") is None
     for r in _requests(50, seed=2):
-        hero = storycheck.hero_of(r.story)
+        hero = longcheck.hero_of(r.story)
         assert all(getattr(hero, k) == v for k, v in r.asks.items() if k in Hero._fields)
 
 
 def test_paragraphs_survive_and_do_not_change_sentences_or_templates():
     story = corpus.heldout_long_stories(1)[0]
-    paras = storycheck.paragraphs(story)
+    paras = longcheck.paragraphs(story)
     assert 4 <= len(paras) <= 6 and "\n\n".join(paras) == story
     flat = story.replace("\n\n", " ")
     done, tail = storycheck.sentences(story)
@@ -82,14 +82,14 @@ def test_paragraphs_survive_and_do_not_change_sentences_or_templates():
     assert [storycheck.template(s) for s in done] == \
         [storycheck.template(s) for s in storycheck.sentences(flat)[0]]
     assert storycheck.score([story]) == storycheck.score([flat])
-    assert storycheck.paragraphs(STORY)[-1] == "From that day on, Tom and Mia were best friends."
+    assert longcheck.paragraphs(STORY)[-1] == "From that day on, Tom and Mia were best friends."
 
 
 def test_the_hand_made_story_passes_every_check():
-    assert storycheck.hero_kept(STORY) == (True, "")
-    assert storycheck.request_honoured(STORY, {"kind": "fox", "adj": "brave", "name": "Tom",
-                                               "obj": "kite"}) == (True, "")
-    report = storycheck.long_score([STORY])
+    assert longcheck.hero_kept(STORY) == (True, "")
+    assert longcheck.request_honoured(STORY, {"kind": "fox", "adj": "brave", "name": "Tom",
+                                              "obj": "kite"}) == (True, "")
+    report = longcheck.long_score([STORY])
     assert report["grammatical"] == 1.0 and report["sentences"] == 10
 
 
@@ -111,14 +111,14 @@ def test_the_hand_made_story_passes_every_check():
      "the hero Tom is not named in the last paragraph (it names Mia)"),
 ])
 def test_a_changed_or_undeclared_character_breaks_the_hero(text, reason):
-    assert storycheck.hero_kept(text) == (False, reason)
+    assert longcheck.hero_kept(text) == (False, reason)
 
 
 def test_a_pronoun_only_ending_passes_unless_the_name_is_required():
     text = STORY.replace("From that day on, Tom and Mia were best friends.",
                          "And they all lived happily ever after.")
-    assert storycheck.hero_kept(text) == (True, "")
-    assert storycheck.hero_kept(text, name_in_last=True) == \
+    assert longcheck.hero_kept(text) == (True, "")
+    assert longcheck.hero_kept(text, name_in_last=True) == \
         (False, "the hero Tom is not named in the last paragraph")
 
 
@@ -130,18 +130,18 @@ def test_a_pronoun_only_ending_passes_unless_the_name_is_required():
     ({"place": "in the park"}, "asked for the place 'in the park', which the story never mentions"),
 ])
 def test_a_request_the_story_ignores_is_not_honoured(asks, reason):
-    assert storycheck.request_honoured(STORY, asks) == (False, reason)
+    assert longcheck.request_honoured(STORY, asks) == (False, reason)
 
 
 def test_request_checks_read_words_and_places_not_substrings():
     text = STORY.replace("Tom liked to play every day.", "Tom liked to bake cakes in the park.")
-    assert storycheck.request_honoured(text, {"obj": "cake"})[0] is False
-    assert storycheck.request_honoured(text, {"place": "In the Park"}) == (True, "")
-    assert storycheck.request_honoured("Once upon a time, there was a little girl.",
-                                       {"kind": "girl"}) == \
+    assert longcheck.request_honoured(text, {"obj": "cake"})[0] is False
+    assert longcheck.request_honoured(text, {"place": "In the Park"}) == (True, "")
+    assert longcheck.request_honoured("Once upon a time, there was a little girl.",
+                                      {"kind": "girl"}) == \
         (False, "asked for kind 'girl', but no named hero is introduced")
     with pytest.raises(ValueError, match=r"asks: unknown key\(s\) colour"):
-        storycheck.request_honoured(STORY, {"colour": "red"})
+        longcheck.request_honoured(STORY, {"colour": "red"})
 
 
 def test_long_score_counts_grammar_hero_requests_and_unfinished_texts():
@@ -150,7 +150,7 @@ def test_long_score_counts_grammar_hero_requests_and_unfinished_texts():
     quoted = 'Once upon a time, there was a brave fox named Tom. Tom said, "You can do it!"'
     renamed = STORY.replace("Then Mia helped", "Then Ben helped")
     ask = lambda asks: corpus.StoryRequest("", asks, "")  # noqa: E731
-    report = storycheck.long_score(
+    report = longcheck.long_score(
         [STORY, odd, cut, quoted, renamed],
         [ask({"obj": "kite"}), ask({"kind": "cat"}), ask({}), ask({}), ask({"name": "Tom"})])
     assert report["texts"] == 5 and report["unfinished"] == 1       # the quote is finished
@@ -162,32 +162,32 @@ def test_long_score_counts_grammar_hero_requests_and_unfinished_texts():
         {"index": 4, "check": "hero",
          "reason": "Ben is named but never introduced (the hero is Tom)"}]
     with pytest.raises(ValueError, match=r"requests: expected one per text \(2\), got 1"):
-        storycheck.long_score([STORY, STORY], [ask({})])
+        longcheck.long_score([STORY, STORY], [ask({})])
 
 
 def test_long_decoding_keeps_the_default_steps_per_block():
     base = GenerationParams(gen_length=64, block_length=32, steps=64)
-    long = storycheck.long_params(base, 448)
+    long = longcheck.long_params(base, 448)
     assert (long.gen_length, long.block_length, long.steps) == (448, 32, 448)
-    half = storycheck.long_params(base.replace(steps=32), 448)
+    half = longcheck.long_params(base.replace(steps=32), 448)
     assert half.steps == 14 * 16 and half.steps_per_block == 16
-    assert storycheck.long_params(GenerationParams(block_length=8), 20).steps is None
+    assert longcheck.long_params(GenerationParams(block_length=8), 20).steps is None
 
 
 def test_measure_long_answers_chat_requests_and_counts_tokens_and_forwards(tmp_path):
     from tests.test_bench_fixture import tiny_ar_dir, tiny_model_dir
 
     model = tiny_model_dir(tmp_path / "m")
-    out = storycheck.measure_long(str(model), n=2, max_new_tokens=16)
+    out = longcheck.measure_long(str(model), n=2, max_new_tokens=16)
     assert out["requests"] == out["texts"] == 2 and len(out["samples"]) == 2
     assert 0 < out["generated_tokens"] <= 32 and out["forwards"] >= 2
     assert out["tokens_per_forward"] == out["generated_tokens"] / out["forwards"]
     assert sum(out["finish_reasons"].values()) == 2 and "gen 16" in out["decoding"]
     assert out["hero_kept"] == 0.0                  # a random model introduces nobody
 
-    ar = storycheck.measure_long(str(tiny_ar_dir(tmp_path / "ar", model)), "ar", n=2,
-                                 max_new_tokens=8)
+    ar = longcheck.measure_long(str(tiny_ar_dir(tmp_path / "ar", model)), "ar", n=2,
+                                max_new_tokens=8)
     assert ar["texts"] == 2 and 0 < ar["generated_tokens"] <= 16 and ar["forwards"] is None
     assert ar["tokens_per_forward"] is None
     with pytest.raises(ValueError, match="kind must be 'diffusion' or 'ar', got 'gpt'"):
-        storycheck.measure_long(str(model), "gpt")
+        longcheck.measure_long(str(model), "gpt")

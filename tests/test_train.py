@@ -17,6 +17,7 @@ from celeris.train import corpus, tasks
 from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher
 from celeris.train.objective import diffusion_loss, mask_batch
+from celeris.train.stream import Mix, Stream, tokenizer_corpus
 from celeris.train.trainer import (TRAIN_PRESETS, build_model, load_init_weights, make_schedule,
                                    round_vocab)
 
@@ -63,7 +64,7 @@ def test_eval_split_is_fixed_and_disjoint_from_training():
         assert all(tasks.split_of(e.prompt) == "train" for e in train)
         assert not {e.prompt for e in ev} & {e.prompt for e in train}
     # the training stream never yields an eval problem
-    stream = corpus.Stream(seed=0)
+    stream = Stream(seed=0)
     for _ in range(500):
         item = stream.item("task")
         assert tasks.split_of(item.messages[0][1]) == "train"
@@ -93,7 +94,7 @@ def test_corpus_is_deterministic_and_varied():
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("tok")
-    tok = tt.train_tokenizer(corpus.tokenizer_corpus(600, seed=0), vocab_size=512)
+    tok = tt.train_tokenizer(tokenizer_corpus(600, seed=0), vocab_size=512)
     tt.save_tokenizer(tok, d)
     return d
 
@@ -132,7 +133,7 @@ def test_training_chats_render_through_the_shipped_template_unchanged():
     """Batcher prompts come from apply_chat_template and equal what the hand-written copy of
     the template rendered (role line, content, <|eot|>; then the opened assistant turn)."""
     shipped = ROOT / "models" / "celeris-tiny"
-    batcher = Batcher(tt.load_raw(shipped), corpus.Stream(seed=0))
+    batcher = Batcher(tt.load_raw(shipped), Stream(seed=0))
     hf = tt.load_hf(shipped)
     chats = [[{"role": "user", "content": "sort: 3 1 2"}],
              [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"},
@@ -165,7 +166,7 @@ def test_learning_rate_warms_up_then_follows_a_cosine_to_the_floor():
 
 def test_masking_touches_only_maskable_positions(tok_dir):
     raw = tt.load_raw(tok_dir)
-    batcher = Batcher(raw, corpus.Stream(seed=0), tokens_per_batch=512)
+    batcher = Batcher(raw, Stream(seed=0), tokens_per_batch=512)
     gen = torch.Generator().manual_seed(0)
     b = batcher.chat_batch("task", 32)
     assert b.input_ids.shape[1] == int((~b.maskable).sum(1).max()) + 32
@@ -207,8 +208,8 @@ def _runs(row: torch.Tensor) -> list[tuple[int, int]]:
 
 def test_semi_autoregressive_rows_keep_a_clean_prefix_one_block_and_a_masked_rest(tok_dir):
     raw = tt.load_raw(tok_dir)
-    mix = corpus.Mix.from_weights("story=1,task=0,request=1")
-    batcher = Batcher(raw, corpus.Stream(seed=3, mix=mix), tokens_per_batch=512,
+    mix = Mix.from_weights("story=1,task=0,request=1")
+    batcher = Batcher(raw, Stream(seed=3, mix=mix), tokens_per_batch=512,
                       prefix_prob=0.0, semi_ar_prob=1.0)
     gen = torch.Generator().manual_seed(0)
     blocks, sources = set(), set()
@@ -253,8 +254,8 @@ def test_row_mean_scores_short_blocks_by_their_plain_mean():
 
 def test_semi_autoregressive_rows_off_leave_the_stream_and_the_masks_unchanged(tok_dir):
     raw = tt.load_raw(tok_dir)
-    old = Batcher(raw, corpus.Stream(seed=1), tokens_per_batch=512)
-    new = Batcher(raw, corpus.Stream(seed=1), tokens_per_batch=512, semi_ar_prob=0.0)
+    old = Batcher(raw, Stream(seed=1), tokens_per_batch=512)
+    new = Batcher(raw, Stream(seed=1), tokens_per_batch=512, semi_ar_prob=0.0)
     g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
     for _ in range(10):
         a, b = old.next(), new.next()
@@ -265,18 +266,18 @@ def test_semi_autoregressive_rows_off_leave_the_stream_and_the_masks_unchanged(t
         assert torch.equal(na, nb) and torch.equal(ma, mb) and torch.equal(ta, tb)
     assert old.stream.state() == new.stream.state()
     with pytest.raises(ValueError, match="semi_ar_prob"):
-        Batcher(raw, corpus.Stream(seed=1), semi_ar_prob=1.5)
+        Batcher(raw, Stream(seed=1), semi_ar_prob=1.5)
     with pytest.raises(ValueError, match="prefix_prob \\+ semi_ar_prob"):
-        Batcher(raw, corpus.Stream(seed=1), prefix_prob=0.5, semi_ar_prob=0.6)
+        Batcher(raw, Stream(seed=1), prefix_prob=0.5, semi_ar_prob=0.6)
 
 
 def test_mix_from_weights_parses_text_and_names_bad_fields():
-    mix = corpus.Mix.from_weights("story=0.4, task=0.45")
+    mix = Mix.from_weights("story=0.4, task=0.45")
     assert mix.sources() == (("story", 0.4), ("task", 0.45), ("request", 0.15),
                              ("long", 0.0), ("longreq", 0.0), ("reqhead", 0.0))
-    assert corpus.Mix.from_weights({"request": 0}).request == 0.0
-    assert corpus.Mix.from_weights(None) == corpus.Mix()
-    stream = corpus.Stream(seed=0, mix=corpus.Mix.from_weights("story=0,task=1,request=0"))
+    assert Mix.from_weights({"request": 0}).request == 0.0
+    assert Mix.from_weights(None) == Mix()
+    stream = Stream(seed=0, mix=Mix.from_weights("story=0,task=1,request=0"))
     assert {stream.pick_source() for _ in range(50)} == {"task"}
     for bad, match in (("story=-1", "story must be a finite weight >= 0"),
                        ("story=nan", "story must be a finite weight"),
@@ -284,7 +285,7 @@ def test_mix_from_weights_parses_text_and_names_bad_fields():
                        ("story", "NAME=WEIGHT"), ("story=x", "NAME=WEIGHT"),
                        ("story=0,task=0,request=0", "at least one")):
         with pytest.raises(ValueError, match=match):
-            corpus.Mix.from_weights(bad)
+            Mix.from_weights(bad)
 
 
 # --------------------------------------------------------------------------- training
@@ -441,7 +442,7 @@ def test_diffusion_training_can_start_from_the_ar_twin(micro_models, tmp_path, o
 def test_tiny_preset_tokenizer_spells_list_items_as_one_or_two_tokens():
     """The shipped recipe's tokenizer: " 7" is one token, " 41" two (" 4" "1"), no space tokens."""
     tp = TRAIN_PRESETS["tiny"]
-    tok = tt.train_tokenizer(corpus.tokenizer_corpus(tp["tokenizer_texts"], seed=0),
+    tok = tt.train_tokenizer(tokenizer_corpus(tp["tokenizer_texts"], seed=0),
                              vocab_size=tp["vocab_size"])
     for d in range(10):
         assert len(tok.encode(f" {d}", add_special_tokens=False).ids) == 1

@@ -3,7 +3,7 @@
 The checkable tasks have answers of 3-40 tokens, too short to show what parallel decoding does
 on long outputs. This suite sends held-out long-story requests ("Tell me a story about a brave
 fox named Pip.", answers of 150-400 tokens) to both systems at batch 1 and batch 8, in one
-process, and scores every answer with ``storycheck.long_score``: sentences in shapes the story
+process, and scores every answer with ``longcheck.long_score``: sentences in shapes the story
 grammar writes, the hero kept by name from start to end, the request honoured.
 """
 
@@ -31,7 +31,7 @@ def requests_for(ctx: BenchContext) -> list[Any]:
 def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list[int] | None,
          walls: list[float], requests: Sequence[Any], params: dict[str, Any]
          ) -> dict[str, Any]:
-    from celeris.train.storycheck import long_score
+    from celeris.train.longcheck import long_score
 
     quality = long_score(texts, list(requests))
     total, wall = sum(tokens), sum(walls)
@@ -55,7 +55,7 @@ def max_new_tokens(ctx: BenchContext) -> int:
 def celeris_params(ctx: BenchContext) -> Any:
     """The model's defaults with gen_length the story cap (a full-attention model keeps its
     default steps per block)."""
-    from celeris.train.storycheck import long_params
+    from celeris.train.longcheck import long_params
     return long_params(ctx.engine.default_params(), max_new_tokens(ctx)).replace(
         seed=0, stop=())
 
@@ -112,7 +112,7 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              f"max_new_tokens = {cap}",
              "grammar = fraction of sentences in shapes the story grammar writes; hero = "
              "fraction of stories whose named hero is kept to the end; request = fraction "
-             "whose hero/place/object is the one asked for (celeris.train.storycheck)",
+             "whose hero/place/object is the one asked for (celeris.train.longcheck)",
              "TPF = completion tokens / model forwards (Celeris only)"]
     return section("stories", "Long-story requests: Celeris vs the autoregressive twin",
                    STORY_COLUMNS, rows, settings, notes)

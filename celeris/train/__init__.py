@@ -3,8 +3,9 @@
 Layer L5: imports only the public ``celeris`` names (lazily, inside functions) and L0 modules.
 """
 
-from celeris.train.corpus import Item, Mix, Stream, heldout_stories, stories, story
+from celeris.train.corpus import heldout_stories, stories, story
 from celeris.train.evaluate import evaluate
+from celeris.train.stream import Item, Mix, Stream
 from celeris.train.tasks import TASKS, Example, eval_examples, make_examples, score, split_of
 from celeris.train.trainer import PRESETS, TRAIN_PRESETS, train
 

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from celeris.train.corpus import describe
 from celeris.train.storycheck import fill_item, infill_items, sentences, story_blocks
+from celeris.train.stream import describe
 from celeris.train.tasks import ADD_DIGITS, ITEM_MAX, LIST_MAX, LIST_MIN
 from celeris.train.trainer import TRAIN_PRESETS
 

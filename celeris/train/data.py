@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from celeris.train.corpus import Item, Stream
+from celeris.train.stream import Item, Stream
 from celeris.train.tokenizer_train import CHAT_TEMPLATE, SPECIAL_IDS
 
 IGNORE = -100

@@ -12,7 +12,7 @@ Prompts are training-split long-story requests (``corpus.long_request``) and che
 the model's greedy output at the teacher settings (threshold 0.9, the model's block size, exact
 cache). Only answers worth imitating are kept: a task answer that is right, a story whose every
 sentence the grammar writes, whose hero is kept and whose request is honoured
-(``storycheck``). The file is JSONL, one record per kept answer
+(``longcheck.long_score``). The file is JSONL, one record per kept answer
 (``{"source", "prompt", "answer"}``) plus a ``{"done": N}`` line after each batch, so a stopped
 run resumes where it stopped (``resume=True`` skips the prompts already answered).
 """
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from celeris.train import corpus as _corpus
+from celeris.train import stream as _stream
 from celeris.train import tasks as _tasks
 
 TEACHER = {"decoding": "threshold", "threshold": 0.9, "temperature": 0.0, "cache": "prefix"}
@@ -36,7 +37,7 @@ def prompts(requests: int, tasks: int, seed: int = 0) -> list[tuple[str, str, An
     """(source, user text, what a good answer must satisfy) for the training split:
     long requests carry their ``StoryRequest``; tasks their ``Example``."""
     rng = random.Random(f"celeris-selfgen:{seed}")
-    names, weights = zip(*_corpus.Mix().task_weights)
+    names, weights = zip(*_stream.Mix().task_weights)
     out: list[tuple[str, str, Any]] = []
     for i in range(max(requests, tasks)):
         if i < requests:
@@ -52,8 +53,8 @@ def keep(source: str, answer: str, spec: Any) -> bool:
     """Is the model's answer one to imitate?"""
     if source == "task":
         return _tasks.score(spec.task, answer, spec.answer)
-    from celeris.train import storycheck
-    s = storycheck.long_score([answer], [spec])
+    from celeris.train import longcheck
+    s = longcheck.long_score([answer], [spec])
     return (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0
             and s["request_honoured"] == 1.0 and not s["unfinished"])
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from celeris.train import corpus as _corpus
+from celeris.train import stream as _stream
 from celeris.train import blockdiff, objective, tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher, positions
 
@@ -334,9 +335,9 @@ def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[st
         tp["block_sizes"] = _parse_sizes(tp["block_sizes"])
     if tp["selfgen"] is not None:
         tp["selfgen"] = str(tp["selfgen"])
-        _corpus.load_pool(tp["selfgen"])          # fails early, naming the file and line
+        _stream.load_pool(tp["selfgen"])          # fails early, naming the file and line
     if tp["mix"] is not None:        # validated and logged as a dict of the source weights
-        tp["mix"] = {k: v for k, v in _corpus.Mix.from_weights(tp["mix"]).sources()}
+        tp["mix"] = {k: v for k, v in _stream.Mix.from_weights(tp["mix"]).sources()}
     if not (isinstance(tp["semi_ar_prob"], (int, float))
             and 0 <= tp["semi_ar_prob"] <= 1 - tp["prefix_prob"]):
         raise ValueError(f"semi_ar_prob must be in [0, {1 - tp['prefix_prob']:g}] "
@@ -383,7 +384,7 @@ def load_tokenizer(out: Path, resuming: bool, init_from: Path | None, tp: dict[s
     if init_from is not None:
         tt.copy_tokenizer(init_from, out)
         return tt.load_raw(out)
-    tok = tt.train_tokenizer(_corpus.tokenizer_corpus(tp["tokenizer_texts"], seed=seed),
+    tok = tt.train_tokenizer(_stream.tokenizer_corpus(tp["tokenizer_texts"], seed=seed),
                              vocab_size=tp["vocab_size"])
     tt.save_tokenizer(tok, out)
     return tok
@@ -415,8 +416,8 @@ class _Run:
                        else min(tp["warmup_steps"], max(1, steps // 20)))
         self.sched = make_schedule(self.opt, self.warmup, self.total or 10 ** 9,
                                    tp["min_lr_ratio"])
-        pool = _corpus.load_pool(tp["selfgen"]) if tp.get("selfgen") else None
-        self.stream = _corpus.Stream(seed=seed, mix=_corpus.Mix.from_weights(tp.get("mix")),
+        pool = _stream.load_pool(tp["selfgen"]) if tp.get("selfgen") else None
+        self.stream = _stream.Stream(seed=seed, mix=_stream.Mix.from_weights(tp.get("mix")),
                                      pool=pool, pool_prob=tp.get("selfgen_prob", 0.0))
         self.batcher = Batcher(tok, self.stream, tokens_per_batch=tp["tokens_per_batch"],
                                prefix_prob=tp["prefix_prob"],
@@ -473,7 +474,7 @@ class _Run:
             "wall_time_s": round(wall, 1),
             "tokens_per_s": round(self.tokens_seen / wall, 1) if wall > 0 else None,
             "threads": self.threads, "machine": machine_info(), "device": self.device,
-            "data": _corpus.describe(self.stream.mix),
+            "data": _stream.describe(self.stream.mix),
             "final_loss": sum(tail) / len(tail) if tail else None,
             "curve": self.curve, "evals": self.evals, "eval": final_eval,
             "losses": self.losses,
