@@ -99,8 +99,8 @@ def test_micro_bd_model_adapts_from_the_ar_twin_and_decodes_in_the_engine(tmp_pa
     assert (cfg["attention"], cfg["block_size"], cfg["shift_logits"]) == ("block_causal", 4, True)
     engine = Engine.from_pretrained(tmp_path / "bd", device="cpu")
     params = engine.default_params()
-    # left-to-right threshold at 0.7: the rule celeris-tiny-bd's stories were measured best with
+    # left-to-right threshold at 0.85: the fastest rule that kept celeris-tiny-bd grammatical
     assert (params.decoding, params.threshold, params.cache, params.block_length) == (
-        "ltr", 0.7, "prefix", 4)
+        "ltr", 0.85, "prefix", 4)
     result = engine.generate("Once upon a time", params.replace(gen_length=10))
     assert result.usage.completion_tokens <= 10 and result.nfe >= 1
