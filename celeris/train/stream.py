@@ -59,6 +59,7 @@ class Mix:
         drawn); each must be >= 0 and at least one > 0."""
         if weights is None:
             return cls()
+        known = tuple(name for name, _ in cls().sources())
         if isinstance(weights, str):
             parsed: dict[str, float] = {}
             for part in filter(None, (p.strip() for p in weights.split(","))):
@@ -69,9 +70,8 @@ class Mix:
                     parsed[name.strip()] = float(value)
                 except ValueError:
                     raise ValueError(f"mix: expected NAME=WEIGHT items separated by commas "
-                                     f"(names: story, task, request, long, longreq, reqhead), got {part!r}") from None
+                                     f"(names: {', '.join(known)}), got {part!r}") from None
             weights = parsed
-        known = tuple(name for name, _ in cls().sources())
         unknown = sorted(set(weights) - set(known))
         if unknown:
             raise ValueError(f"mix: unknown source(s) {', '.join(unknown)}; "
