@@ -43,7 +43,7 @@ class GpuPlan:
     budget_s: float                 # runs predicted to end after this are skipped, not cut
 
 
-FULL_PLAN = GpuPlan(512, 32, 64, (1, 8, 32), (1, 4, 8), ("none", "prefix", "dual"), 360.0)
+FULL_PLAN = GpuPlan(512, 32, 64, (1, 8, 32), (1, 4, 8), ("none", "prefix", "dual"), 240.0)
 TINY_PLAN = GpuPlan(32, 8, 16, (1, 4), (1, 4, 8), ("none", "prefix", "dual"), 60.0)
 BLOCK_CACHES = ("block/none", "block/exact")     # block-causal: recompute, exact KV cache
 GPU_COLUMNS = (("cache", "cache", "s"), ("batch", "batch", "d"),
