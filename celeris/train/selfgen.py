@@ -9,8 +9,9 @@ those answers:
 
 Prompts are training-split long-story requests (``corpus.long_request``) and checkable tasks
 (``tasks.random_example``), drawn from a seeded RNG, so the list is fixed for a seed. Answers are
-the model's greedy output at the teacher settings (threshold 0.9, the model's block size, exact
-cache). Only answers worth imitating are kept: a task answer that is right, a story whose every
+the model's greedy output at its own default decoding (its ``generation_config``: the
+trajectories it runs when deployed; for the shipped block model ltr 0.85), the model's block
+size, exact cache. Only answers worth imitating are kept: a task answer that is right, a story whose every
 sentence the grammar writes, whose hero is kept and whose request is honoured
 (``longcheck.long_score``). The file is JSONL, one record per kept answer
 (``{"source", "prompt", "answer"}``) plus a ``{"done": N}`` line after each batch, so a stopped
@@ -29,7 +30,7 @@ from celeris.train import corpus as _corpus
 from celeris.train import stream as _stream
 from celeris.train import tasks as _tasks
 
-TEACHER = {"decoding": "threshold", "threshold": 0.9, "temperature": 0.0, "cache": "prefix"}
+TEACHER = {"temperature": 0.0, "cache": "prefix"}    # over the model's default decoding
 MAX_NEW_TOKENS = 448
 
 
@@ -88,6 +89,7 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
         raise ValueError(f"{model} is not a block-diffusion model (config attention "
                          f"'block_causal'); distill-data writes a block model's own answers")
     params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS, **TEACHER)
+    teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER}
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
     seen = {"task": 0, "longreq": 0}
@@ -113,4 +115,4 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 break
     return {"out": str(out), "answered": seen, "kept": kept, "tokens": tokens,
             "tokens_per_forward": tokens / nfe if nfe else 0.0,
-            "wall_time_s": round(time.time() - t0, 1), "teacher": TEACHER}
+            "wall_time_s": round(time.time() - t0, 1), "teacher": teacher}
