@@ -83,17 +83,25 @@ class SlotKVCache:
     SDAR; Fast-dLLM v2): once a block is finished its keys/values never change, so they are
     written once and read by every later step, like an autoregressive cache.
 
-    Storage is allocated once, (slots, Hkv, max_len, D) per layer, with a slot per running
-    request; requests joining or leaving only take or return a slot number (the storage grows,
-    by doubling, only when more requests run at once than ever before). ``bind`` describes one
-    forward: each row's slot and cached length, and for each window column its absolute
-    position, whether other columns may attend to it, and whether its keys/values are written
-    to the cache (a finished block, or the prompt's whole blocks at the first step).
+    Storage is (slots, Hkv, length, D) per layer, with a slot per running request; requests
+    joining or leaving only take or return a slot number. It grows, by doubling, only when more
+    requests run at once than ever before (slots) or a request reaches a position past every
+    earlier one (length, up to ``max_len``, the model's context): a slot starts at ``length``
+    positions rather than the whole context, since a slot sized by the context costs 2.2 GB
+    for an 8B model in bf16 at 4096 positions (81 GiB at batch 32 on the first GPU run) while
+    most requests use a few hundred. ``bind`` describes one forward: each row's slot and cached
+    length, and for each window column its absolute position, whether other columns may
+    attend to it, and whether its keys/values are written to the cache (a finished block, or
+    the prompt's whole blocks at the first step).
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device, slots: int = 4) -> None:
-        self.shape = (num_kv_heads, max_len, head_dim)
+                 dtype: torch.dtype, device: torch.device, slots: int = 4,
+                 length: int | None = None) -> None:
+        if length is not None and length < 1:
+            raise ValueError(f"length must be >= 1, got {length!r}")
+        self.max_len = max_len
+        self.shape = (num_kv_heads, min(max_len, length or max_len), head_dim)
         self.num_layers, self.dtype, self.device = num_layers, dtype, device
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -116,6 +124,27 @@ class SlotKVCache:
                     buffers.append(new)
         self.free = sorted(self.free + list(range(old, slots)), reverse=True)
 
+    @property
+    def length(self) -> int:
+        """Positions each slot holds now (grows on demand up to ``max_len``)."""
+        return self.shape[1]
+
+    def _ensure_length(self, needed: int) -> None:
+        if needed <= self.length:
+            return
+        if needed > self.max_len:
+            raise ValueError(f"KV cache position {needed - 1} is past the model's context "
+                             f"({self.max_len} positions)")
+        old = self.length
+        new_len = min(self.max_len, max(needed, 2 * old))
+        for buffers in (self.k, self.v):
+            for layer, buf in enumerate(buffers):
+                new = torch.zeros(buf.shape[0], buf.shape[1], new_len, buf.shape[3],
+                                  dtype=self.dtype, device=self.device)
+                new[:, :, :old] = buf
+                buffers[layer] = new
+        self.shape = (self.shape[0], new_len, self.shape[2])
+
     def take(self) -> int:
         """A free slot (the lowest, so that small batches use a contiguous range)."""
         if not self.free:
@@ -130,6 +159,7 @@ class SlotKVCache:
              visible: torch.Tensor, writes: list[tuple[int, int, int, int]]) -> "SlotView":
         """A KVView for one forward. positions/visible (B, W); writes: (row, column, slot,
         position) of every window column whose keys/values go into the cache."""
+        self._ensure_length(max([*lengths, *(w[3] + 1 for w in writes)], default=0))
         return SlotView(self, slots, lengths, positions, visible, writes)
 
 

@@ -198,3 +198,31 @@ def test_prefix_decoding_at_threshold_one_is_left_to_right_greedy(engine):
     fast = base.replace(decoding="ltr", threshold=0.01, suppress_eos=True)
     runs = [engine.generate(p, fast) for p in PROMPTS]
     assert sum(r.nfe for r in runs) < sum(len(r.token_ids) for r in runs)   # runs per forward
+
+
+def test_kv_cache_slots_start_short_and_grow_with_the_longest_request(engine, monkeypatch):
+    """A slot starts at INITIAL_CACHE_LEN positions, not the whole context; a request that
+    reaches past it doubles every slot's length mid-flight, keeping what was cached."""
+    import celeris.sampler as sampler
+    monkeypatch.setattr(sampler, "INITIAL_CACHE_LEN", 8)
+    fresh = Engine(engine.model, engine.tokenizer, engine.model_dir, engine.config)
+    params = fresh.default_params()
+    want = [engine.generate(p, params.replace(cache="none")).token_ids for p in PROMPTS]
+    assert _ids(fresh.generate_batch(PROMPTS, params)) == want
+    kv = fresh._kv
+    assert kv.max_len == 256 + 4                       # the model's context + one block
+    assert 8 < kv.length < kv.max_len and kv.k[0].shape[2] == kv.length
+    assert max(len(w) for w in want) > 8               # the answers alone passed 8 positions
+
+
+def test_kv_cache_refuses_a_position_past_the_context():
+    from celeris.cache import SlotKVCache
+    kv = SlotKVCache(1, 1, 2, max_len=8, dtype=torch.float32, device=torch.device("cpu"),
+                     slots=1, length=4)
+    pos, vis = torch.arange(4)[None] + 4, torch.ones(1, 4, dtype=torch.bool)
+    kv.bind([0], [4], pos, vis, [(0, i, 0, 4 + i) for i in range(4)])
+    assert kv.length == 8
+    with pytest.raises(ValueError, match=r"position 8 is past the model's context \(8 positions\)"):
+        kv.bind([0], [8], pos + 4, vis, [(0, 0, 0, 8)])
+    with pytest.raises(ValueError, match="length must be >= 1, got 0"):
+        SlotKVCache(1, 1, 2, 8, torch.float32, torch.device("cpu"), length=0)
