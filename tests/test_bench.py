@@ -139,6 +139,22 @@ def test_gpu_script_runs_its_tiny_version_on_cpu(bench_run):
     assert all(r["vs_none"] == pytest.approx(1.0) for r in none)
 
 
+def test_gpu_step_profile_runs_its_tiny_version_on_cpu(tmp_path, one_thread):  # noqa: F811
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_step_profile.py"
+    spec = importlib.util.spec_from_file_location("gpu_step_profile", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    report = mod.main(["--tiny", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "step_profile.json").read_text()) == json.loads(
+        json.dumps(report))
+    assert report["steps"] == 16 and report["wall_ms_per_step"] > 0
+    assert report["gpu_busy_ms_per_step"] is None            # no CUDA: CPU rows only
+    assert report["top_cpu_ops"] and all(o["count"] > 0 for o in report["top_cpu_ops"])
+    assert report["block_exact_slot_length"] == 512 + 8       # tiny context + one block
+
+
 @pytest.mark.browser
 def test_html_report_opens_in_chromium_and_shows_its_charts(bench_run, chromium_path):
     from playwright.sync_api import sync_playwright
