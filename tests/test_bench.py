@@ -91,8 +91,10 @@ def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(be
     for row in rows:
         assert row["requests"] == 8
         assert row["completion_tokens"] <= 8 * sec["settings"]["max_new_tokens"]
-        for key in ("grammatical", "hero_kept", "request_honoured"):
+        for key in ("grammatical", "hero_kept", "request_honoured", "objects_kept",
+                    "repeated_sentences"):
             assert 0.0 <= row[key] <= 1.0
+            assert row[key] == row["quality"][key]
         assert row["vs_ar"] is not None
     assert rows[0]["vs_ar"] == 1.0 and "tokens_per_forward" in rows[1]
     assert "tokens_per_forward" not in rows[0]

@@ -44,6 +44,34 @@ def test_long_corpus_stories_are_grammatical_and_keep_their_hero():
     assert report["sentences"] > 4000 and report["grammatical"] >= 0.999
     assert report["hero_kept"] == 1.0 and report["unfinished"] == 0
     assert report["request_honoured"] is None and report["examples_failed"] == []
+    assert report["objects_kept"] == 1.0 and report["repeated_sentences"] < 0.02
+
+
+FOUND = ("Once upon a time, there was a brave fox named Tom. Tom liked to play every day.\n\n"
+         "One day, Tom found a shiny coin in the sand. The coin was heavy and old. "
+         "Tom took the coin home.\n\n"
+         "One day, Tom found an apple under a tree. The apple was small and soft.")
+
+
+@pytest.mark.parametrize("old,new,reason", [
+    ("The coin was", "The pumpkin was", "found a coin, then wrote of the pumpkin"),
+    ("took the coin home", "took the key home", "found a coin, then wrote of the key"),
+    ("The apple was", "The kite was", "found an apple, then wrote of the kite")])
+def test_a_found_object_that_turns_into_another_is_caught(old, new, reason):
+    assert longcheck.objects_kept(FOUND) == (True, "")
+    assert longcheck.objects_kept(FOUND.replace(old, new)) == (False, reason)
+
+
+def test_repeated_sentences_are_counted_word_for_word():
+    assert longcheck.repeated_sentences(FOUND) == (0, 7)
+    looped = FOUND.replace("Tom liked to play every day.",
+                           "Tom liked to play every day. Tom liked to  play every day.")
+    assert longcheck.repeated_sentences(looped) == (1, 8)
+    report = longcheck.long_score([FOUND, looped.replace("The coin was", "The kite was")])
+    assert report["objects_kept"] == 0.5
+    assert report["repeated_sentences"] == pytest.approx(1 / 15)
+    assert report["examples_failed"] == [{"index": 1, "check": "objects",
+                                          "reason": "found a coin, then wrote of the kite"}]
 
 
 @pytest.mark.parametrize("requests", [_requests(200, seed=1), corpus.heldout_long_requests(200)],

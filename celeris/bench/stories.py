@@ -4,7 +4,9 @@ The checkable tasks have answers of 3-40 tokens, too short to show what parallel
 on long outputs. This suite sends held-out long-story requests ("Tell me a story about a brave
 fox named Pip.", answers of 150-400 tokens) to both systems at batch 1 and batch 8, in one
 process, and scores every answer with ``longcheck.long_score``: sentences in shapes the story
-grammar writes, the hero kept by name from start to end, the request honoured.
+grammar writes, the hero kept by name from start to end, the request honoured, a found object
+kept the same object ("found a coin ... the coin was"), and the fraction of sentences that
+repeat an earlier one of their story (lower is better; the corpus itself: ~0.5%).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from .common import BenchContext, messages, section, timed_batches
 STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("tokens_per_s", "tok/s", ".2f"), ("tokens_per_forward", "TPF", ".2f"),
                  ("grammatical", "grammar", ".3f"), ("hero_kept", "hero", ".3f"),
-                 ("request_honoured", "request", ".3f"), ("vs_ar", "x AR", ".2f"),
+                 ("request_honoured", "request", ".3f"), ("objects_kept", "objects", ".3f"),
+                 ("repeated_sentences", "repeats", ".3f"), ("vs_ar", "x AR", ".2f"),
                  ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
 MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
 REQUESTS_PER_N = 8            # --n 5 -> 40 requests
@@ -39,7 +42,8 @@ def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list
            "completion_tokens": total, "wall_s": wall,
            "tokens_per_s": total / wall if wall > 0 else 0.0,
            "mean_tokens": total / len(texts) if texts else 0.0, "params": params,
-           **{k: quality[k] for k in ("grammatical", "hero_kept", "request_honoured")},
+           **{k: quality[k] for k in ("grammatical", "hero_kept", "request_honoured",
+                                      "objects_kept", "repeated_sentences")},
            "quality": quality, "samples": texts[:2]}
     if nfe is not None:
         row["tokens_per_forward"] = total / sum(nfe) if sum(nfe) else 0.0
@@ -112,7 +116,9 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              f"max_new_tokens = {cap}",
              "grammar = fraction of sentences in shapes the story grammar writes; hero = "
              "fraction of stories whose named hero is kept to the end; request = fraction "
-             "whose hero/place/object is the one asked for (celeris.train.longcheck)",
+             "whose hero/place/object is the one asked for; objects = fraction whose found "
+             "objects stay the same object; repeats = fraction of sentences repeating an "
+             "earlier one of the same story (corpus ~0.005) (celeris.train.longcheck)",
              "TPF = completion tokens / model forwards (Celeris only)"]
     return section("stories", "Long-story requests: Celeris vs the autoregressive twin",
                    STORY_COLUMNS, rows, settings, notes)

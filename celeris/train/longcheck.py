@@ -139,6 +139,42 @@ def request_honoured(text: str, asks: dict) -> tuple[bool, str]:
     return True, ""
 
 
+def objects_kept(text: str) -> tuple[bool, str]:
+    """(True, "") when every object a story finds stays that object; else (False, the first
+    switch). In the corpus a paragraph that says "found a red coin" goes on with "the coin was
+    heavy and old." and "Lucy took the coin home."; a model that drifts writes "the pumpkin
+    was new" or "took the key home" after finding a coin, which every sentence's grammar
+    allows. Only object words that follow "found a/an [colour]" and "the ..." in the same
+    paragraph are compared."""
+    objs = "|".join(sorted(C.OBJECTS, key=len, reverse=True))
+    colours = "|".join(C.COLORS)
+    found = re.compile(rf"\bfound an? (?:(?:{colours}) )?({objs})\b", re.IGNORECASE)
+    later = re.compile(rf"\bthe ({objs})\b", re.IGNORECASE)
+    for para in paragraphs(text):
+        m = found.search(para)
+        if m is None:
+            continue
+        obj = m.group(1).lower()
+        for other in later.finditer(para, m.end()):
+            if other.group(1).lower() != obj:
+                return False, f"found {C.article(obj)}, then wrote of the {other.group(1).lower()}"
+    return True, ""
+
+
+def repeated_sentences(text: str) -> tuple[int, int]:
+    """(sentences that repeat an earlier sentence of the same story word for word, all
+    sentences). The corpus repeats a few short ones ("They laughed and had fun."); a model
+    stuck in a loop repeats many."""
+    seen: set[str] = set()
+    repeats = 0
+    done, _ = sentences(text)
+    for sent in done:
+        key = " ".join(sent.lower().split())
+        repeats += key in seen
+        seen.add(key)
+    return repeats, len(done)
+
+
 def finished(text: str) -> bool:
     """Does the text end with a complete sentence (a closing quote after it allowed)?"""
     return re.search(r"[.!?][\"']?\s*$", text) is not None
@@ -147,15 +183,20 @@ def finished(text: str) -> bool:
 def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -> dict:
     """Score long stories: ``score``'s grammatical fraction over all their sentences, the
     fraction that keep their hero, the fraction that honour their request (``requests[i]``
-    asked for ``texts[i]``; None when no requests are given), and up to 5 failures with the
-    reason. ``unfinished`` counts texts that stop mid-sentence (e.g. cut by the length cap)."""
+    asked for ``texts[i]``; None when no requests are given), the fraction whose found objects
+    stay the same (``objects_kept``), the fraction of all sentences that repeat an earlier one
+    of their story (``repeated_sentences``), and up to 5 failures with the reason.
+    ``unfinished`` counts texts that stop mid-sentence (e.g. cut by the length cap)."""
     if requests is not None and len(requests) != len(texts):
         raise ValueError(f"requests: expected one per text ({len(texts)}), got {len(requests)}")
     grammar = score(texts)
-    kept = honoured = 0
+    kept = honoured = objects = repeats = total = 0
     failures: list[dict] = []
     for i, text in enumerate(texts):
-        checks = {"hero": hero_kept(text)}
+        checks = {"hero": hero_kept(text), "objects": objects_kept(text)}
+        objects += checks["objects"][0]
+        r, t = repeated_sentences(text)
+        repeats, total = repeats + r, total + t
         if requests is not None:
             checks["request"] = request_honoured(text, requests[i].asks)
             honoured += checks["request"][0]
@@ -167,6 +208,8 @@ def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -
             "grammatical": grammar["grammatical"], "examples_bad": grammar["examples_bad"],
             "hero_kept": kept / n if n else 0.0,
             "request_honoured": (honoured / n if n else 0.0) if requests is not None else None,
+            "objects_kept": objects / n if n else 0.0,
+            "repeated_sentences": repeats / total if total else 0.0,
             "unfinished": sum(not finished(t) for t in texts),
             "examples_failed": failures[:5]}
 

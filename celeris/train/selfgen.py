@@ -12,8 +12,8 @@ Prompts are training-split long-story requests (``corpus.long_request``) and che
 the model's greedy output at its own default decoding (its ``generation_config``: the
 trajectories it runs when deployed; for the shipped block model ltr 0.85), the model's block
 size, exact cache. Only answers worth imitating are kept: a task answer that is right, a story whose every
-sentence the grammar writes, whose hero is kept and whose request is honoured
-(``longcheck.long_score``). The file is JSONL, one record per kept answer
+sentence the grammar writes, whose hero is kept, whose request is honoured, whose found
+objects stay the same and which repeats no sentence (``longcheck.long_score``). The file is JSONL, one record per kept answer
 (``{"source", "prompt", "answer"}``) plus a ``{"done": N}`` line after each batch, so a stopped
 run resumes where it stopped (``resume=True`` skips the prompts already answered).
 """
@@ -57,7 +57,8 @@ def keep(source: str, answer: str, spec: Any) -> bool:
     from celeris.train import longcheck
     s = longcheck.long_score([answer], [spec])
     return (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0
-            and s["request_honoured"] == 1.0 and not s["unfinished"])
+            and s["request_honoured"] == 1.0 and s["objects_kept"] == 1.0
+            and s["repeated_sentences"] == 0.0 and not s["unfinished"])
 
 
 def _done_count(path: Path) -> int:
