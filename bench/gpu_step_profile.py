@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> dict:
         engine.generate_batch(prompts[:1], params)
         sync()
     events = prof.key_averages()
-    kernels = [e for e in events if _device_us(e) > 0]
+    # device-side events only: an aten op's self device time repeats its kernels' time
+    kernels = [e for e in events if _device_us(e) > 0
+               and getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
     busy_ms = sum(_device_us(e) for e in kernels) / 1e3 / steps
     launches = sum(e.count for e in kernels) / steps
     by_gpu = sorted(kernels, key=_device_us, reverse=True)[:15]
