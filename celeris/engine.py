@@ -68,7 +68,7 @@ class Engine:
         self._lock = threading.Lock()            # guards starting/stopping the scheduler
         self._scheduler: Scheduler | None = None
         self._inline: dict[str, StepLoop] = {}   # request id -> its inline loop (for abort)
-        self._kv: SlotKVCache | None = None      # block-causal models: one static KV cache
+        self._kv: SlotKVCache | None = None      # block-causal models: one KV cache (slots grow on demand)
         self.step_timing = StepTiming()          # every step of every loop (bench: host time)
         self.block_causal = bool(getattr(model.config, "block_causal", False))
         if self.block_causal:

@@ -106,7 +106,7 @@ class StepLoop:
         self.timing = timing if timing is not None else StepTiming()
         self.device, self.shift = device, shift
         self.block_causal = bool(getattr(model.config, "block_causal", False))
-        self.kv = kv                     # block-causal models: one static cache for the loop
+        self.kv = kv                     # block-causal models: one KV cache for the loop (slots grow on demand)
         self._groups: dict[tuple, Any] = {}
         self._states: dict[str, RequestState] = {}
         self._aborts: set[str] = set()
