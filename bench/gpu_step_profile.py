@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from celeris import Engine, EngineConfig, GenerationParams  # noqa: E402
-from celeris.bench.gpu import LLADA_8B, TINY, IdsOnlyTokenizer, build_random_model  # noqa: E402
+from celeris import GenerationParams  # noqa: E402
+from celeris.bench.gpu import LLADA_8B, TINY, block_causal_engine, random_engine  # noqa: E402
 
 
 def _device_us(evt) -> float:
@@ -48,10 +48,8 @@ def main(argv: list[str] | None = None) -> dict:
     prompt_len, block, gen = (32, 8, 16) if args.tiny else (512, 32, 64)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
 
-    model = build_random_model(dims, device, dtype)
+    engine = random_engine(dims, device, str(dtype).removeprefix("torch."), "random")
     vocab = dims["vocab_size"]
-    config = EngineConfig(device=device.type, dtype=str(dtype).removeprefix("torch."))
-    engine = Engine(model, IdsOnlyTokenizer(vocab - 1, vocab - 2, 0), Path("random"), config)
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, vocab - 2, (prompt_len,), generator=g).tolist()
                for _ in range(32)]
@@ -81,8 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     by_cpu = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
 
     # block-causal exact cache, batch 32: peak memory (slots now grow on demand)
-    model.config.attention, model.config.block_size = "block_causal", block
-    block_engine = Engine(model, engine.tokenizer, engine.model_dir, config)
+    block_engine = block_causal_engine(engine, block)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     block_engine.generate_batch(prompts, params.replace(steps=gen // 8))

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from celeris import Engine  # noqa: E402
-from celeris.train.blockdiff import _attention  # noqa: E402
+from celeris.train.blockdiff import masked_layout  # noqa: E402
+from celeris.train.data import Batch  # noqa: E402
 
 PREFIXES = (   # (story up to and including the object's second mention, the object)
     ("Once upon a time, there was a happy fish called Lucy. Lucy liked to play outside every "
@@ -40,20 +41,17 @@ PREFIXES = (   # (story up to and including the object's second mention, the obj
 def block_probability(engine: Engine, text: str) -> tuple[float, str]:
     """p(last token | the rest) in the block-diffusion training layout, and the top token."""
     model, tok = engine.model, engine.tokenizer
-    bs, mask = model.config.block_size, model.config.mask_token_id
     ids = torch.tensor([tok.encode(text)])
     L = ids.shape[1]
-    j = L - 1
-    pos = torch.arange(L)[None]
-    noisy = ids.clone()
-    noisy[0, j:] = mask
-    attn = _attention(pos // bs, torch.ones_like(ids, dtype=torch.bool))
-    col = j + (L if j % bs == 0 else 0)        # a block's first position reads the clean half
+    batch = Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), ids.clone(), "probe", L)
+    masked = torch.zeros_like(ids, dtype=torch.bool)
+    masked[0, -1] = True                                   # the object; nothing follows it
+    x = masked_layout(batch, model.config.block_size, model.config.mask_token_id, masked)
     with torch.no_grad():
-        logits = model(torch.cat([noisy, ids], 1), position_ids=torch.cat([pos, pos], 1),
-                       attn_mask=attn, logits_index=torch.tensor([[col]])).logits[0, 0]
+        logits = model(x.ids, position_ids=x.positions, attn_mask=x.attn,
+                       logits_index=x.index).logits[0, 0]
     p = logits.float().softmax(-1)
-    return float(p[ids[0, j]]), tok.decode([int(p.argmax())]).strip()
+    return float(p[ids[0, -1]]), tok.decode([int(p.argmax())]).strip()
 
 
 def ar_probability(path: str, text: str) -> tuple[float, str]:

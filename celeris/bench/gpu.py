@@ -101,6 +101,28 @@ def build_random_model(dims: dict[str, Any], device: Any, dtype: Any) -> Any:
     return model.eval()
 
 
+def random_engine(dims: dict[str, Any], device: Any, dtype_name: str, name: str) -> Any:
+    """An engine over ``build_random_model(dims)`` with an ids-only tokenizer."""
+    import torch
+
+    from celeris import Engine, EngineConfig
+
+    model = build_random_model(dims, device, getattr(torch, dtype_name))
+    vocab = dims["vocab_size"]
+    return Engine(model, IdsOnlyTokenizer(vocab - 1, vocab - 2, 0), Path(name),
+                  EngineConfig(device=device.type, dtype=dtype_name))
+
+
+def block_causal_engine(engine: Any, block_size: int) -> Any:
+    """A new engine over the same weights attending block-causally in blocks of ``block_size``
+    (the model's config is switched in place; set ``attention`` back to use ``engine`` again)."""
+    from celeris import Engine
+
+    model = engine.model
+    model.config.attention, model.config.block_size = "block_causal", block_size
+    return Engine(model, engine.tokenizer, engine.model_dir, engine.config)
+
+
 def _model_costs(model: Any) -> dict[str, float]:
     layers = model.model.layers
     layer_params = sum(p.numel() for p in layers.parameters() if p.ndim >= 2)
@@ -249,8 +271,6 @@ def _annotate(rows: list[dict], costs: dict[str, float], gpu: str | None) -> Non
 def run_gpu(ctx: BenchContext) -> dict[str, Any]:
     import torch
 
-    from celeris import Engine, EngineConfig
-
     if not ctx.tiny and not torch.cuda.is_available():
         raise SuiteSkipped("no CUDA device; `--suite gpu --tiny` runs the same code on CPU")
     device = torch.device("cuda" if torch.cuda.is_available() and not ctx.tiny else "cpu")
@@ -258,11 +278,9 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
         "bfloat16" if device.type == "cuda" else "float32")
     plan, dims = (TINY_PLAN, TINY) if ctx.tiny else (FULL_PLAN, LLADA_8B)
     kernels = run_kernel_tests(device.type)
-    model = build_random_model(dims, device, getattr(torch, dtype_name))
-    vocab = dims["vocab_size"]
-    engine = Engine(model, IdsOnlyTokenizer(vocab - 1, vocab - 2, 0),
-                    Path("random-llada-8b-shape" if not ctx.tiny else "random-tiny"),
-                    EngineConfig(device=device.type, dtype=dtype_name))
+    engine = random_engine(dims, device, dtype_name,
+                           "random-llada-8b-shape" if not ctx.tiny else "random-tiny")
+    model = engine.model
     costs = _model_costs(model)
     hooks = _device_hooks(device)
     runner = _Runner(engine, plan, costs, *hooks)
@@ -271,8 +289,7 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
     start = time.perf_counter()
     rows, skipped = _measure(runner, plan, bar, plan.caches, start)
     # the same weights, attending block-causally (blocks of block_length): a new engine
-    model.config.attention, model.config.block_size = "block_causal", plan.block_length
-    block_engine = Engine(model, engine.tokenizer, engine.model_dir, engine.config)
+    block_engine = block_causal_engine(engine, plan.block_length)
     more, more_skipped = _measure(_Runner(block_engine, plan, costs, *hooks), plan, bar,
                                   BLOCK_CACHES, start)
     model.config.attention = "bidirectional"

@@ -62,7 +62,20 @@ def trim_to_targets(batch: Batch) -> Batch:
 
 def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generator,
                  eps: float = EPS) -> BlockInputs:
+    """A training batch: each block's scored positions masked at its own rate t ~ U(eps, 1)."""
     batch = trim_to_targets(batch)
+    B, L = batch.input_ids.shape
+    blk = positions(batch.attention_mask, batch.input_ids) // block_size        # (B, L)
+    t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - eps) + eps      # (B, nblocks)
+    u = torch.rand(B, L, generator=gen)
+    masked = (u < t.gather(1, blk)) & _targets(batch.labels)                    # (B, L)
+    return masked_layout(batch, block_size, mask_id, masked)
+
+
+def masked_layout(batch: Batch, block_size: int, mask_id: int, masked: torch.Tensor
+                  ) -> BlockInputs:
+    """The [noisy, clean] layout of ``batch`` with the scored positions ``masked`` (B, L) hidden
+    in the noisy half (``block_inputs`` draws them at random; a probe can choose them)."""
     ids, labels = batch.input_ids, batch.labels                                  # (B, L)
     B, L = ids.shape
     real = (torch.ones_like(ids, dtype=torch.bool) if batch.attention_mask is None
@@ -70,10 +83,8 @@ def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generat
     pos = positions(batch.attention_mask, ids)                                  # (B, L)
     blk = pos // block_size                                                     # (B, L)
     scored = _targets(labels)                                                   # (B, L)
+    masked = masked & scored
     after = _after_targets(scored) & real
-    t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - eps) + eps      # (B, nblocks)
-    u = torch.rand(B, L, generator=gen)
-    masked = (u < t.gather(1, blk)) & scored                                    # (B, L)
     noisy = torch.where(masked | after, torch.full_like(ids, mask_id), ids)
     attn = _attention(blk, real)
     # the token at j comes from the state at j-1 (the model shifts by one column itself, so

@@ -139,6 +139,15 @@ def request_honoured(text: str, asks: dict) -> tuple[bool, str]:
     return True, ""
 
 
+@lru_cache(maxsize=1)
+def _object_patterns() -> tuple[re.Pattern, re.Pattern]:
+    """("found a [colour] OBJ", "the OBJ") over the corpus's objects, longest names first."""
+    objs = "|".join(sorted(C.OBJECTS, key=len, reverse=True))
+    colours = "|".join(C.COLORS)
+    return (re.compile(rf"\bfound an? (?:(?:{colours}) )?({objs})\b", re.IGNORECASE),
+            re.compile(rf"\bthe ({objs})\b", re.IGNORECASE))
+
+
 def objects_kept(text: str) -> tuple[bool, str]:
     """(True, "") when every object a story finds stays that object; else (False, the first
     switch). In the corpus a paragraph that says "found a red coin" goes on with "the coin was
@@ -146,10 +155,7 @@ def objects_kept(text: str) -> tuple[bool, str]:
     was new" or "took the key home" after finding a coin, which every sentence's grammar
     allows. Only object words that follow "found a/an [colour]" and "the ..." in the same
     paragraph are compared."""
-    objs = "|".join(sorted(C.OBJECTS, key=len, reverse=True))
-    colours = "|".join(C.COLORS)
-    found = re.compile(rf"\bfound an? (?:(?:{colours}) )?({objs})\b", re.IGNORECASE)
-    later = re.compile(rf"\bthe ({objs})\b", re.IGNORECASE)
+    found, later = _object_patterns()
     for para in paragraphs(text):
         m = found.search(para)
         if m is None:

@@ -8,14 +8,15 @@ those answers:
     celeris distill-data --model runs/bd --out runs/selfgen.jsonl --requests 600 --tasks 600
 
 Prompts are training-split long-story requests (``corpus.long_request``) and checkable tasks
-(``tasks.random_example``), drawn from a seeded RNG, so the list is fixed for a seed. Answers are
-the model's greedy output at its own default decoding (its ``generation_config``: the
+(``tasks.random_example``), drawn from a seeded RNG, so the list is fixed for a seed. Answers
+are the model's greedy output at its own default decoding (its ``generation_config``: the
 trajectories it runs when deployed; for the shipped block model ltr 0.85), the model's block
-size, exact cache. Only answers worth imitating are kept: a task answer that is right, a story whose every
-sentence the grammar writes, whose hero is kept, whose request is honoured, whose found
-objects stay the same and which repeats no sentence (``longcheck.long_score``). The file is JSONL, one record per kept answer
-(``{"source", "prompt", "answer"}``) plus a ``{"done": N}`` line after each batch, so a stopped
-run resumes where it stopped (``resume=True`` skips the prompts already answered).
+size, exact cache. Only answers worth imitating are kept: a task answer that is right, a story
+whose every sentence the grammar writes, whose hero is kept, whose request is honoured, whose
+found objects stay the same and which repeats no sentence (``longcheck.long_score``). The file
+is JSONL, one record per kept answer (``{"source", "prompt", "answer"}``) plus a
+``{"done": N}`` line after each batch, so a stopped run resumes where it stopped
+(``resume=True`` skips the prompts already answered).
 """
 
 from __future__ import annotations
