@@ -89,10 +89,10 @@ class SlotKVCache:
     earlier one (length, up to ``max_len``, the model's context): a slot starts at ``length``
     positions rather than the whole context, since a slot sized by the context costs 2.2 GB
     for an 8B model in bf16 at 4096 positions (81 GiB at batch 32 on the first GPU run) while
-    most requests use a few hundred. ``bind`` describes one forward: each row's slot and cached
-    length, and for each window column its absolute position, whether other columns may
-    attend to it, and whether its keys/values are written to the cache (a finished block, or
-    the prompt's whole blocks at the first step).
+    most requests use a few hundred. ``bind`` describes one forward: each row's slot, how far
+    its keys reach, and which window columns write their keys/values where. A finished block
+    (or the prompt's whole blocks at the first step) is written for good; the current block's
+    positions are written as scratch, read by this forward only and overwritten by the next.
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
@@ -155,30 +155,36 @@ class SlotKVCache:
         self.free.append(slot)
         self.free.sort(reverse=True)
 
-    def bind(self, slots: list[int], lengths: list[int], positions: torch.Tensor,
-             visible: torch.Tensor, writes: list[tuple[int, int, int, int]]) -> "SlotView":
-        """A KVView for one forward. positions/visible (B, W); writes: (row, column, slot,
-        position) of every window column whose keys/values go into the cache."""
-        self._ensure_length(max([*lengths, *(w[3] + 1 for w in writes)], default=0))
-        return SlotView(self, slots, lengths, positions, visible, writes)
+    def bind(self, slots: list[int], ends: list[int],
+             writes: list[tuple[int, int, int, int]]) -> "SlotView":
+        """A KVView for one forward. ends: each row attends to its slot's positions
+        [0, end) once this forward's writes are in; writes: (row, column, slot, position) of
+        every window column whose keys/values this forward computes (finished blocks, and the
+        current block as scratch that later steps overwrite)."""
+        self._ensure_length(max([*ends, *(w[3] + 1 for w in writes)], default=0))
+        return SlotView(self, slots, ends, writes)
 
 
 class SlotView:
-    """One forward's access to a SlotKVCache (see ``celeris.model.KVView``)."""
+    """One forward's access to a SlotKVCache (see ``celeris.model.KVView``).
 
-    def __init__(self, cache: SlotKVCache, slots: list[int], lengths: list[int],
-                 positions: torch.Tensor, visible: torch.Tensor,
+    The window's keys/values are written into the slots first and attention reads the slots in
+    place, (B, Hkv, Lk, D) with Lk the longest row's end: no per-layer copy of the cached
+    prefix. Keys past a row's end (another request's leftovers, a longer row's positions) are
+    masked; a block-causal model's own mask hides a row's positions after its current block.
+    """
+
+    def __init__(self, cache: SlotKVCache, slots: list[int], ends: list[int],
                  writes: list[tuple[int, int, int, int]]) -> None:
-        dev = positions.device
+        dev = cache.device
         self.cache, self.B = cache, len(slots)
-        self.cached = max(lengths, default=0)                    # Lc: cache columns to read
+        self.keys = max(ends, default=0)                          # Lk
         first = slots[0] if slots else 0
         self._rows = (slice(first, first + len(slots)) if slots == list(
             range(first, first + len(slots))) else torch.tensor(slots, device=dev))
-        col = torch.arange(self.cached, device=dev)
-        in_cache = col[None, :] < torch.tensor(lengths, device=dev)[:, None]     # (B, Lc)
-        self.key_mask = torch.cat([in_cache, visible], dim=1)                   # (B, Lc+W)
-        self.key_positions = torch.cat([col.expand(self.B, -1), positions], dim=1)
+        col = torch.arange(self.keys, device=dev)
+        self.key_mask = col[None, :] < torch.tensor(ends, device=dev)[:, None]  # (B, Lk)
+        self.key_positions = col.expand(self.B, -1)
         self._writes = None
         if writes:
             w = torch.tensor(writes, device=dev).T                              # (4, N)
@@ -186,15 +192,12 @@ class SlotView:
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the marked columns of k/v (B, Hkv, W, D) into their slots; return the cached
-        prefix followed by the window, (B, Hkv, Lc + W, D)."""
+        """Write the marked columns of k/v (B, Hkv, W, D) into their slots; return the slots'
+        first Lk positions, (B, Hkv, Lk, D) (a view when the slots are consecutive)."""
         out = []
         for store, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
             if self._writes is not None:
                 row, col, slot, pos = self._writes
                 store[slot, :, pos] = new[row, :, col].to(store.dtype)          # (N, Hkv, D)
-            if self.cached:
-                old = store[self._rows, :, :self.cached]                        # (B, Hkv, Lc, D)
-                new = torch.cat([old.to(new.dtype), new], dim=2)
-            out.append(new)
+            out.append(store[self._rows, :, :self.keys].to(k.dtype))
         return out[0], out[1]

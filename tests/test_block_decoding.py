@@ -71,6 +71,7 @@ def test_cached_steps_forward_only_the_block_and_recompute_forwards_everything(e
         model.forward = original
     prompt_len = len(engine.tokenizer.encode_prompt(PROMPTS[2]))
     assert max(widths["prefix"][1:]) <= 2 * 4 + 1
+    assert min(widths["prefix"][1:]) == 4   # the block alone once its first position is set
     assert widths["none"][-1] >= prompt_len + 20
     assert widths["none"] != widths["prefix"]
 
@@ -138,6 +139,25 @@ def test_kv_cache_is_allocated_once_and_slots_are_reused(engine):
         engine.generate(PROMPTS[0], params)
     assert (kv.capacity, kv.k[0].data_ptr()) == before
     assert sorted(kv.free) == list(range(kv.capacity))
+
+
+def test_attention_reads_the_slots_in_place_and_masks_what_lies_past_a_row(engine):
+    """Keys are read from the slot storage itself (no per-layer copy), and whatever a slot
+    holds past a row's current block (another request's leftovers) never reaches the answer."""
+    params = engine.default_params()
+    want = [engine.generate(p, params.replace(cache="none")).token_ids for p in PROMPTS]
+    engine.generate_batch(PROMPTS, params)
+    kv = engine._kv
+    for buffers in (kv.k, kv.v):
+        for buf in buffers:
+            buf.normal_(0, 1e3)                 # loud garbage everywhere
+    assert _ids(engine.generate_batch(PROMPTS, params)) == want
+    view = kv.bind([0, 1], [6, 9], [(0, 0, 0, 5), (1, 0, 1, 8)])
+    k, v = view.update(0, torch.zeros(2, kv.shape[0], 1, kv.shape[2]),
+                       torch.ones(2, kv.shape[0], 1, kv.shape[2]))
+    assert k.data_ptr() == kv.k[0].data_ptr() and k.shape[2] == 9     # a view, 9 keys
+    assert view.key_mask.tolist() == [[True] * 6 + [False] * 3, [True] * 9]
+    assert float(kv.v[0][1, :, 8].min()) == 1.0 and float(kv.k[0][0, :, 5].abs().max()) == 0.0
 
 
 def test_block_length_must_divide_the_model_block(engine):
@@ -219,10 +239,9 @@ def test_kv_cache_refuses_a_position_past_the_context():
     from celeris.cache import SlotKVCache
     kv = SlotKVCache(1, 1, 2, max_len=8, dtype=torch.float32, device=torch.device("cpu"),
                      slots=1, length=4)
-    pos, vis = torch.arange(4)[None] + 4, torch.ones(1, 4, dtype=torch.bool)
-    kv.bind([0], [4], pos, vis, [(0, i, 0, 4 + i) for i in range(4)])
+    kv.bind([0], [8], [(0, i, 0, 4 + i) for i in range(4)])
     assert kv.length == 8
     with pytest.raises(ValueError, match=r"position 8 is past the model's context \(8 positions\)"):
-        kv.bind([0], [8], pos + 4, vis, [(0, 0, 0, 8)])
+        kv.bind([0], [9], [(0, 0, 0, 8)])
     with pytest.raises(ValueError, match="length must be >= 1, got 0"):
         SlotKVCache(1, 1, 2, 8, torch.float32, torch.device("cpu"), length=0)

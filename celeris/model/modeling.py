@@ -49,10 +49,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        # one fused op (statistics in float32) instead of six small ones: the per-op cost,
+        # not the arithmetic, is what a decoding step of a small model pays
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
 def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
@@ -65,11 +64,12 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: 
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=position_ids.device,
                                             dtype=torch.float32) / head_dim)   # (D/2,)
     freqs = position_ids.float()[..., None] * inv_freq                         # (B, L, D/2)
-    emb = torch.cat([freqs, freqs], dim=-1)[:, None]                           # (B, 1, L, D)
+    emb = torch.cat([freqs, freqs], dim=-1)[:, :, None]                        # (B, L, 1, D)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, L, heads, D) rotated by the (B, L, 1, D) tables (rotate-half convention)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -93,17 +93,19 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 key_mask: torch.Tensor | None, kv: KVView | None) -> torch.Tensor:
         B, W, _ = x.shape
-        q = self.q_proj(x).view(B, W, self.n_heads, self.head_dim)                  # (B, W, H, D)
-        k = self.k_proj(x).view(B, W, self.n_kv, self.head_dim)                     # (B, W, Hkv, D)
+        H, Hkv = self.n_heads, self.n_kv
+        q = self.q_proj(x).view(B, W, H, self.head_dim)                            # (B, W, H, D)
+        k = self.k_proj(x).view(B, W, Hkv, self.head_dim)                          # (B, W, Hkv, D)
+        v = self.v_proj(x).view(B, W, Hkv, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)                                 # (B, H, W, D)
-        v = self.v_proj(x).view(B, W, self.n_kv, self.head_dim).transpose(1, 2)     # (B, Hkv, W, D)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        else:             # queries and keys rotated in one go: half the small ops
+            q, k = apply_rope(torch.cat([q, k], dim=2), cos, sin).split([H, Hkv], dim=2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)         # (B, ., W, D)
         if kv is not None:
             k, v = kv.update(self.layer, k, v)                                      # (B, Hkv, Lk, D)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                             enable_gqa=self.n_kv != self.n_heads)  # (B, H, W, D)
+                                             enable_gqa=Hkv != H)                   # (B, H, W, D)
         return self.o_proj(out.transpose(1, 2).reshape(B, W, -1))
 
 

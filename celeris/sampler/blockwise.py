@@ -10,8 +10,10 @@ BD3-LM; Cheng et al. 2025, SDAR; Wu et al. 2025, Fast-dLLM v2 sec. 3):
 - each step forwards only the current block against the cache and commits masked positions
   by the request's unmask schedule (fixed / threshold / factor), restricted to the active
   sub-block of ``params.block_length`` positions (Fast-dLLM v2's sub-blocks);
-- a finished block's keys/values are written to the cache exactly once, in the next step's
-  forward: the window is [finished block, new block], so no extra forward is spent;
+- a finished block's final keys/values are written to the cache in the next step's forward:
+  the window is [finished block, new block], so no extra forward is spent; the current
+  block's keys/values go to its own slot positions as scratch that every step overwrites, so
+  attention reads the slot in place instead of copying the cached prefix each layer;
 - generation ends at a stop token (once everything before it is committed) or after
   ``params.gen_length`` tokens: a cap, not a canvas.
 
@@ -79,17 +81,19 @@ class BlockRow:
         self._sub = -1                    # nothing left in this block
 
     # ------------------------------------------------------------ the window
-    def window(self, exact_cache: bool, shift: bool) -> tuple[list[int], int, int, bool]:
-        """(tokens, first position, number of leading columns written to the cache, whether
-        the first column is a query-only re-read) for this step's forward."""
+    def window(self, exact_cache: bool, shift: bool) -> tuple[list[int], int, bool]:
+        """(tokens, first position, whether the first column is a query-only re-read) for
+        this step's forward. With the cache every other column writes its keys/values."""
         if not exact_cache:               # recompute everything: nothing is cached
-            return self.tokens + self.block, 0, 0, False
+            return self.tokens + self.block, 0, False
         pending = self.tokens[self.cached:]
-        if pending or not shift or not self.tokens:
-            return pending + self.block, self.cached, len(pending), False
+        if pending or not shift or not self.tokens or self.block[0] != self.special.mask:
+            return pending + self.block, self.cached, False
         # shifted logits: the block's first position is predicted from the state before it,
-        # which is in the cache; re-read that token as a query only (its key stays hidden).
-        return self.tokens[-1:] + self.block, self.block_start - 1, 0, True
+        # which is in the cache; re-read that token as a query only (its key is the cached one).
+        # Only while that position is still masked: once it is committed (usually in the
+        # block's first step) its logits are never read, and the window is one column less.
+        return self.tokens[-1:] + self.block, self.block_start - 1, True
 
     # ------------------------------------------------------------ after the forward
     def commit(self, block_ids: list[float], transfer: list[float], conf: list[float],
@@ -195,11 +199,10 @@ class BlockBatch(RowBatch):
         if not rows:
             return []
         bs, dev = self.block_size, self.device
-        x, pos, visible, writes, W = self._layout()
+        x, pos, visible, writes, ends, W = self._layout()
         view = None
         if self.exact_cache:
-            view = self.kv.bind([r.slot for r in rows], [r.cached for r in rows],
-                                pos, visible, writes)
+            view = self.kv.bind([r.slot for r in rows], ends, writes)
         elif not visible.all():
             view = _NoCacheView(pos, visible)
         cols = torch.arange(W - bs, W, device=dev).expand(len(rows), bs)            # (B, bs)
@@ -231,21 +234,24 @@ class BlockBatch(RowBatch):
         return outs
 
     def _layout(self):
-        """Left-padded windows of every row: ids, positions, key visibility (B, W) and the
-        cache writes (row, column, slot, position)."""
+        """Left-padded windows of every row: ids, positions, key visibility (B, W), the cache
+        writes (row, column, slot, position) and each row's key end."""
         wins = [r.window(self.exact_cache, self.shift) for r in self.rows]
         W = max(len(w[0]) for w in wins)
         pad = self.special.pad
-        ids, pos, vis, writes = [], [], [], []
-        for b, (row, (toks, first, n_write, query_only)) in enumerate(zip(self.rows, wins)):
+        ids, pos, vis, writes, ends = [], [], [], [], []
+        for b, (row, (toks, first, query_only)) in enumerate(zip(self.rows, wins)):
             lead = W - len(toks)
             ids.append([pad] * lead + toks)
             pos.append([0] * lead + list(range(first, first + len(toks))))
             vis.append([False] * lead + [not query_only] + [True] * (len(toks) - 1))
-            writes += [(b, lead + i, row.slot, first + i) for i in range(n_write)]
+            if self.exact_cache:
+                writes += [(b, lead + i, row.slot, first + i)
+                           for i in range(int(query_only), len(toks))]
+            ends.append(first + len(toks))
         dev = self.device
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev),
-                torch.tensor(vis, device=dev), writes, W)
+                torch.tensor(vis, device=dev), writes, ends, W)
 
 
 class _NoCacheView:
