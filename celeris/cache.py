@@ -155,14 +155,15 @@ class SlotKVCache:
         self.free.append(slot)
         self.free.sort(reverse=True)
 
-    def bind(self, slots: list[int], ends: list[int],
-             writes: list[tuple[int, int, int, int]]) -> "SlotView":
+    def bind(self, slots: list[int], ends: list[int], writes: list[tuple[int, int, int, int]],
+             real: torch.Tensor | None = None) -> "SlotView":
         """A KVView for one forward. ends: each row attends to its slot's positions
         [0, end) once this forward's writes are in; writes: (row, column, slot, position) of
         every window column whose keys/values this forward computes (finished blocks, and the
-        current block as scratch that later steps overwrite)."""
+        current block as scratch that later steps overwrite); real: the window's non-padding
+        columns (B, W) when rows are left-padded (``KVView.query_mask``)."""
         self._ensure_length(max([*ends, *(w[3] + 1 for w in writes)], default=0))
-        return SlotView(self, slots, ends, writes)
+        return SlotView(self, slots, ends, writes, real)
 
 
 class SlotView:
@@ -175,9 +176,10 @@ class SlotView:
     """
 
     def __init__(self, cache: SlotKVCache, slots: list[int], ends: list[int],
-                 writes: list[tuple[int, int, int, int]]) -> None:
+                 writes: list[tuple[int, int, int, int]],
+                 real: torch.Tensor | None = None) -> None:
         dev = cache.device
-        self.cache, self.B = cache, len(slots)
+        self.cache, self.B, self.query_mask = cache, len(slots), real
         self.keys = max(ends, default=0)                          # Lk
         first = slots[0] if slots else 0
         self._rows = (slice(first, first + len(slots)) if slots == list(

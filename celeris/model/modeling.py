@@ -37,6 +37,9 @@ class KVView(Protocol):
 
     key_mask: torch.Tensor | None
     key_positions: torch.Tensor | None
+    # optional, (B, W) bool: the window's real columns when some rows are left-padded; the
+    # projections and MLPs then run on those columns only (None or absent: every column)
+    query_mask: torch.Tensor | None
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -91,22 +94,34 @@ class Attention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                key_mask: torch.Tensor | None, kv: KVView | None) -> torch.Tensor:
-        B, W, _ = x.shape
-        H, Hkv = self.n_heads, self.n_kv
-        q = self.q_proj(x).view(B, W, H, self.head_dim)                            # (B, W, H, D)
-        k = self.k_proj(x).view(B, W, Hkv, self.head_dim)                          # (B, W, Hkv, D)
-        v = self.v_proj(x).view(B, W, Hkv, self.head_dim)
+                key_mask: torch.Tensor | None, kv: KVView | None,
+                real: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, W, C), or (N, C) packed: the real columns of a (B, W) window (``real``)."""
+        lead = x.shape[:-1]
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        q = self.q_proj(x).view(*lead, H, D)                                       # (., H, D)
+        k = self.k_proj(x).view(*lead, Hkv, D)
+        v = self.v_proj(x).view(*lead, Hkv, D)
         if self.qk_norm:
             q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         else:             # queries and keys rotated in one go: half the small ops
-            q, k = apply_rope(torch.cat([q, k], dim=2), cos, sin).split([H, Hkv], dim=2)
+            q, k = apply_rope(torch.cat([q, k], dim=-2), cos, sin).split([H, Hkv], dim=-2)
+        if real is not None:                # attention itself runs on the padded window
+            q, k, v = (_unpack(t, real) for t in (q, k, v))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)         # (B, ., W, D)
         if kv is not None:
             k, v = kv.update(self.layer, k, v)                                      # (B, Hkv, Lk, D)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
-                                             enable_gqa=Hkv != H)                   # (B, H, W, D)
-        return self.o_proj(out.transpose(1, 2).reshape(B, W, -1))
+                                             enable_gqa=Hkv != H).transpose(1, 2)   # (B, W, H, D)
+        out = out[real] if real is not None else out
+        return self.o_proj(out.reshape(*lead, H * D))
+
+
+def _unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(N, ...) rows of the real columns -> (B, W, ...) with zeros in the padding."""
+    full = t.new_zeros(*real.shape, *t.shape[1:])
+    full[real] = t
+    return full
 
 
 class SwiGLU(nn.Module):
@@ -128,8 +143,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg)
 
-    def forward(self, x, cos, sin, key_mask, kv):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_mask, kv)
+    def forward(self, x, cos, sin, key_mask, kv, real=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_mask, kv, real)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -205,9 +220,16 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         h = self.model.embed_tokens(input_ids)                                     # (B, W, C)
         cos, sin = rope_tables(position_ids, self.config.head_dim, self.config.rope_theta,
                                h.dtype)
+        # left-padded rows (a batch of windows of different widths): every matmul runs on the
+        # real columns only, packed (N, C); attention unpacks them to the (B, W) window
+        real = getattr(kv, "query_mask", None)
+        if real is not None:
+            h, cos, sin = h[real], cos[real], sin[real]
         for block in self.model.layers:
-            h = block(h, cos, sin, key_mask, kv)
+            h = block(h, cos, sin, key_mask, kv, real)
         h = self.model.norm(h)
+        if real is not None:
+            h = _unpack(h, real)                                                   # (B, W, C)
         if self.config.shift_logits:
             h = torch.cat([h[:, :1], h[:, :-1]], dim=1)   # logits at i come from state i-1
         if logits_index is not None:

@@ -199,12 +199,12 @@ class BlockBatch(RowBatch):
         if not rows:
             return []
         bs, dev = self.block_size, self.device
-        x, pos, visible, writes, ends, W = self._layout()
+        x, pos, visible, writes, ends, real, W = self._layout()
         view = None
         if self.exact_cache:
-            view = self.kv.bind([r.slot for r in rows], ends, writes)
-        elif not visible.all():
-            view = _NoCacheView(pos, visible)
+            view = self.kv.bind([r.slot for r in rows], ends, writes, real)
+        elif real is not None:
+            view = _NoCacheView(pos, visible, real)
         cols = torch.arange(W - bs, W, device=dev).expand(len(rows), bs)            # (B, bs)
         start = time.perf_counter()
         logits = self.model(x, position_ids=pos, kv=view, logits_index=cols).logits  # (B, bs, V)
@@ -235,7 +235,8 @@ class BlockBatch(RowBatch):
 
     def _layout(self):
         """Left-padded windows of every row: ids, positions, key visibility (B, W), the cache
-        writes (row, column, slot, position) and each row's key end."""
+        writes (row, column, slot, position), each row's key end and the real (non-padding)
+        columns, (B, W) bool, or None when no row is padded."""
         wins = [r.window(self.exact_cache, self.shift) for r in self.rows]
         W = max(len(w[0]) for w in wins)
         pad = self.special.pad
@@ -250,15 +251,20 @@ class BlockBatch(RowBatch):
                            for i in range(int(query_only), len(toks))]
             ends.append(first + len(toks))
         dev = self.device
+        real = None
+        if any(len(w[0]) < W for w in wins):
+            real = torch.tensor([[i >= W - len(w[0]) for i in range(W)] for w in wins],
+                                device=dev)
         return (torch.tensor(ids, device=dev), torch.tensor(pos, device=dev),
-                torch.tensor(vis, device=dev), writes, ends, W)
+                torch.tensor(vis, device=dev), writes, ends, real, W)
 
 
 class _NoCacheView:
     """Key visibility for a cache-less forward whose rows are padded."""
 
-    def __init__(self, positions: torch.Tensor, visible: torch.Tensor) -> None:
-        self.key_mask, self.key_positions = visible, positions
+    def __init__(self, positions: torch.Tensor, visible: torch.Tensor,
+                 real: torch.Tensor) -> None:
+        self.key_mask, self.key_positions, self.query_mask = visible, positions, real
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         return k, v
