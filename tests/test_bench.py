@@ -142,19 +142,39 @@ def test_gpu_script_runs_its_tiny_version_on_cpu(bench_run):
 
 
 def test_gpu_step_profile_runs_its_tiny_version_on_cpu(tmp_path, one_thread):  # noqa: F811
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_step_profile.py"
-    spec = importlib.util.spec_from_file_location("gpu_step_profile", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    report = mod.main(["--tiny", "--out", str(tmp_path)])
+    report = _bench_script("gpu_step_profile").main(["--tiny", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "step_profile.json").read_text()) == json.loads(
         json.dumps(report))
     assert report["steps"] == 16 and report["wall_ms_per_step"] > 0
     assert report["gpu_busy_ms_per_step"] is None            # no CUDA: CPU rows only
     assert report["top_cpu_ops"] and all(o["count"] > 0 for o in report["top_cpu_ops"])
     assert report["block_exact_slot_length"] == 512 + 8       # tiny context + one block
+
+
+def _bench_script(name: str):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_step_cost_times_block_windows_against_the_twins_token(tmp_path, one_thread):  # noqa: F811
+    """bench/step_cost.py on the shipped pair, one tiny round: a row per window width, the
+    twin's cached forward and generate() per token, and break-even = block ms / AR ms."""
+    report = _bench_script("step_cost").main(
+        ["--widths", "1,5", "--prefix", "24", "--repeats", "1", "--inner", "1",
+         "--json", str(tmp_path / "c.json")])
+    assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(report))
+    ms = report["ms"]
+    assert set(ms) == {"bd_forward_w1", "bd_forward_w5", "ar_forward_1",
+                       "ar_generate_per_token"}
+    assert all(v > 0 for v in ms.values())
+    for w in (1, 5):
+        assert report["break_even_tpf"][f"w{w}"] == pytest.approx(
+            ms[f"bd_forward_w{w}"] / ms["ar_generate_per_token"], abs=0.01)
 
 
 @pytest.mark.browser
@@ -222,3 +242,24 @@ def test_length_plan_keeps_targets_that_fit_and_says_what_it_capped():
     plan, notes = length_plan(ctx, prompt_len=30, context=512)
     assert plan == [("short", 64), ("medium", 256), ("long", 480)]
     assert notes == ["long: gen_length 1024 capped to 480 by the 512-token context"]
+
+
+def test_side_by_side_timing_runs_every_chunk_by_every_system_in_rotating_order():
+    from celeris.bench.common import timed_side_by_side
+
+    calls = []
+
+    def runner(name):
+        def run(chunk):
+            calls.append((name, tuple(chunk)))
+            return [f"{name}:{x}" for x in chunk]
+        return run
+
+    out = timed_side_by_side({"a": runner("a"), "b": runner("b")}, list(range(5)), 2)
+    # chunk by chunk, both systems before the next chunk; the first system alternates
+    assert calls == [("a", (0, 1)), ("b", (0, 1)), ("b", (2, 3)), ("a", (2, 3)),
+                     ("a", (4,)), ("b", (4,))]
+    for name in "ab":
+        results, walls = out[name]
+        assert results == [f"{name}:{x}" for x in range(5)]      # item order kept
+        assert len(walls) == 3 and all(w >= 0 for w in walls)

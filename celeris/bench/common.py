@@ -176,6 +176,35 @@ def timed_batches(run: Callable[[list[Any]], list[Any]], items: Sequence[Any], b
     return results, walls
 
 
+def timed_side_by_side(runs: dict[str, Callable[[list[Any]], list[Any]]],
+                       items: Sequence[Any], batch: int, bar: Any = None
+                       ) -> dict[str, tuple[list[Any], list[float]]]:
+    """``timed_batches`` for several systems at once, chunk by chunk: each chunk of ``batch``
+    items is run by every system in turn before the next chunk, the order rotated from chunk
+    to chunk. On a shared machine whose speed drifts (this project's 2-core VM has moved a
+    system's tokens/s by 30% between two runs) a slow spell then falls on every system alike
+    instead of on whichever ran then, so the ratios between them hold. Returns each system's
+    (results in item order, wall time per chunk)."""
+    names = list(runs)
+    out: dict[str, tuple[list[Any], list[float]]] = {n: ([], []) for n in names}
+    for k, i in enumerate(range(0, len(items), batch)):
+        chunk = list(items[i:i + batch])
+        shift = k % len(names)
+        for name in names[shift:] + names[:shift]:
+            results, walls = out[name]
+            start = time.perf_counter()
+            results.extend(runs[name](chunk))
+            walls.append(time.perf_counter() - start)
+            if bar is not None:
+                bar.update(len(chunk))
+    return out
+
+
+def ar_params(max_new_tokens: int) -> dict[str, Any]:
+    """How the AR twin decodes in every suite (recorded in its rows)."""
+    return {"max_new_tokens": max_new_tokens, "decoding": "greedy", "kv_cache": True}
+
+
 def spread(values: Sequence[float]) -> dict[str, float | None]:
     """Median and spread (min, max, relative standard deviation) of repeated measurements."""
     if not values:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .common import (BenchContext, accuracy, messages, section, task_examples, timed_batches)
+from celeris.outputs import StepTiming
+
+from .common import (BenchContext, accuracy, ar_params, messages, section, task_examples,
+                     timed_side_by_side)
 
 # (name, GenerationParams changes); steps=None means steps = gen_length.
 REFERENCE = ("reference", dict(decoding="fixed", steps=None, cache="none", early_stop=False))
@@ -37,38 +40,57 @@ AR_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
               ("wall_s", "wall s", ".2f"))
 
 
-def measure_celeris(ctx: BenchContext, name: str, params: Any, examples: Sequence[Any],
-                    batch: int) -> dict[str, Any]:
-    """One configuration over all examples in chunks of ``batch``."""
+AR_SYSTEM = "AR twin (transformers generate)"
+
+
+def measure(ctx: BenchContext, systems: Sequence[tuple[str, Any]], examples: Sequence[Any],
+            batch: int, ar_max_new: int | None = None) -> list[dict[str, Any]]:
+    """One row per Celeris configuration (name, params) and, when ``ar_max_new`` is given, a
+    first row for the AR twin, all over the same examples in chunks of ``batch``, measured
+    side by side (``timed_side_by_side``: every chunk by every system in turn)."""
     engine = ctx.engine
-    bar = ctx.bar(len(examples), name)
-    before = engine.step_timing.snapshot()
-    results, walls = timed_batches(
-        lambda chunk: engine.generate_batch([messages(ex.prompt) for ex in chunk], params),
-        examples, batch, bar)
+    runs: dict[str, Any] = {}
+    if ar_max_new is not None:
+        runs[AR_SYSTEM] = lambda chunk: ctx.ar.generate_batch(
+            [messages(ex.prompt) for ex in chunk], ar_max_new)
+    timings = {name: StepTiming() for name, _ in systems}
+    for name, params in systems:
+        runs[name] = _counting_steps(engine, timings[name], params)
+    bar = ctx.bar(len(examples) * len(runs), f"batch {batch}: {len(runs)} systems")
+    out = timed_side_by_side(runs, examples, batch, bar)
     bar.close()
-    steps = engine.step_timing.since(before)
-    row = _row(name, [r.text for r in results], [r.usage.completion_tokens for r in results],
-               [r.nfe for r in results], walls, examples, batch,
-               latencies=[r.timings.total_s for r in results], params=params.to_dict(),
-               finish=[str(r.finish_reason) for r in results])
-    return row | {"host_ms_per_step": steps["host_ms"], "forward_ms_per_step":
-                  steps["forward_ms"], "steps": steps["steps"]}
+    rows = []
+    if ar_max_new is not None:
+        results, walls = out[AR_SYSTEM]
+        rows.append(_row(AR_SYSTEM, [r["text"] for r in results],
+                         [r["completion_tokens"] for r in results], None, walls, examples,
+                         batch, latencies=[r["elapsed_s"] for r in results],
+                         params=ar_params(ar_max_new),
+                         finish=[r["finish_reason"] for r in results]))
+    for name, params in systems:
+        results, walls = out[name]
+        steps = timings[name].since(StepTiming())
+        row = _row(name, [r.text for r in results], [r.usage.completion_tokens for r in results],
+                   [r.nfe for r in results], walls, examples, batch,
+                   latencies=[r.timings.total_s for r in results], params=params.to_dict(),
+                   finish=[str(r.finish_reason) for r in results])
+        rows.append(row | {"host_ms_per_step": steps["host_ms"],
+                           "forward_ms_per_step": steps["forward_ms"], "steps": steps["steps"]})
+    return rows
 
 
-def measure_ar(ctx: BenchContext, examples: Sequence[Any], batch: int, max_new: int
-               ) -> dict[str, Any]:
-    ar = ctx.ar
-    bar = ctx.bar(len(examples), f"AR batch {batch}")
-    results, walls = timed_batches(
-        lambda chunk: ar.generate_batch([messages(ex.prompt) for ex in chunk], max_new),
-        examples, batch, bar)
-    bar.close()
-    return _row("AR twin (transformers generate)", [r["text"] for r in results],
-                [r["completion_tokens"] for r in results], None, walls, examples, batch,
-                latencies=[r["elapsed_s"] for r in results],
-                params={"max_new_tokens": max_new, "decoding": "greedy", "kv_cache": True},
-                finish=[r["finish_reason"] for r in results])
+def _counting_steps(engine: Any, timing: StepTiming, params: Any):
+    """A chunk runner for one configuration that adds its own steps to ``timing`` (the
+    engine's counters are shared by every configuration measured side by side)."""
+    def run(chunk: list[Any]) -> list[Any]:
+        before = engine.step_timing.snapshot()
+        results = engine.generate_batch([messages(ex.prompt) for ex in chunk], params)
+        after = engine.step_timing
+        timing.steps += after.steps - before.steps
+        timing.step_s += after.step_s - before.step_s
+        timing.forward_s += after.forward_s - before.forward_s
+        return results
+    return run
 
 
 def _row(name: str, texts: list[str], tokens: list[int], nfe: list[int] | None,
@@ -108,9 +130,8 @@ def run_decode(ctx: BenchContext) -> dict[str, Any]:
     examples = task_examples(ctx.n)
     configs = configs_for(ctx)
     _warm_up(ctx, examples[0], (REFERENCE, *configs))
-    rows = []
-    for name, changes in (REFERENCE, *configs):
-        rows.append(measure_celeris(ctx, name, ctx.base_params(**changes), examples, ctx.batch))
+    rows = measure(ctx, [(name, ctx.base_params(**changes)) for name, changes in
+                         (REFERENCE, *configs)], examples, ctx.batch)
     ref = rows[0]["tokens_per_s"]
     for row in rows:
         row["speedup"] = row["tokens_per_s"] / ref if ref else None
@@ -151,28 +172,29 @@ def run_ar(ctx: BenchContext) -> dict[str, Any]:
     best = decode.get("best", DEFAULT_BEST)
     _warm_up(ctx, examples[0], (REFERENCE, (best, fast_changes(best))))
     ctx.ar.generate_batch([messages(examples[0].prompt)], 4)
+    systems = [("Celeris reference", REFERENCE), ("Celeris fast", (best, fast_changes(best)))]
+    if ctx.block_causal:     # what a user gets: the model's own generation_config.json
+        systems.append(("Celeris", ("model defaults", MODEL_DEFAULTS)))
+    labels = {name: f"{label} ({name})" for label, (name, _) in systems}
     rows = []
     for batch in (1, 8):
-        ar_row = measure_ar(ctx, examples, batch, ctx.gen_length)
-        ar_row["system"] = "AR twin"
-        rows.append(ar_row)
-        systems = [("Celeris reference", REFERENCE),
-                   ("Celeris fast", (best, fast_changes(best)))]
-        if ctx.block_causal:     # what a user gets: the model's own generation_config.json
-            systems.append(("Celeris", ("model defaults", MODEL_DEFAULTS)))
-        for label, (name, changes) in systems:
-            row = _reusable(decode, name, batch) or measure_celeris(
-                ctx, name, ctx.base_params(**changes), examples, batch)
-            row["system"] = f"{label} ({name})"
-            rows.append(row)
-        for row in rows[-len(systems) - 1:]:
-            tps = ar_row["tokens_per_s"]
+        reused = {name: _reusable(decode, name, batch) for name in labels}
+        todo = [(name, ctx.base_params(**changes)) for _, (name, changes) in systems
+                if reused[name] is None]
+        measured = {r["config"]: r for r in measure(ctx, todo, examples, batch, ctx.gen_length)}
+        ar_row = measured.pop(AR_SYSTEM) | {"system": "AR twin"}
+        batch_rows = [ar_row] + [(reused[name] or measured[name]) | {"system": labels[name]}
+                                 for name in labels]
+        tps = ar_row["tokens_per_s"]
+        for row in batch_rows:
             row["vs_ar"] = row["tokens_per_s"] / tps if tps else None
+        rows += batch_rows
     notes = [f"AR twin: {ctx.ar_path()} via transformers generate(), greedy, KV cache, "
              f"max_new_tokens = gen_length = {ctx.gen_length}",
              f"Celeris fast = {best} ({'best of the decode suite' if decode else 'default'})",
-             "Celeris rows at the decode suite's batch size are its measurements (same run, "
-             "same prompts), not repeated",
+             "each batch's systems ran side by side, chunk by chunk in turn; Celeris rows at "
+             "the decode suite's batch size are its measurements (same run, same prompts), "
+             "not repeated",
              "goal to chase: Celeris fast >= 3x the AR twin's tok/s at batch 1 (issue 7)"]
     settings = _settings(ctx, examples) | {"ar_model": ctx.ar.info(), "batches": [1, 8]}
     return section("ar", "Celeris vs the autoregressive twin", AR_COLUMNS, rows, settings,

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .common import BenchContext, messages, section, timed_batches
+from .common import BenchContext, ar_params, messages, section, timed_side_by_side
+from .decode import AR_SYSTEM
 
 STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("tokens_per_s", "tok/s", ".2f"), ("tokens_per_forward", "TPF", ".2f"),
@@ -64,30 +65,26 @@ def celeris_params(ctx: BenchContext) -> Any:
         seed=0, stop=())
 
 
-def measure_celeris(ctx: BenchContext, requests: Sequence[Any], batch: int) -> dict[str, Any]:
-    engine = ctx.engine
+def measure(ctx: BenchContext, requests: Sequence[Any], batch: int
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(AR twin row, Celeris row) over the same requests in chunks of ``batch``, measured side
+    by side (``timed_side_by_side``: every chunk by both systems in turn)."""
+    engine, ar, cap = ctx.engine, ctx.ar, max_new_tokens(ctx)
     params = celeris_params(ctx)
-    bar = ctx.bar(len(requests), f"Celeris batch {batch}")
-    results, walls = timed_batches(
-        lambda chunk: engine.generate_batch([messages(r.text) for r in chunk], params),
-        requests, batch, bar)
+    runs = {"ar": lambda chunk: ar.generate_batch([messages(r.text) for r in chunk], cap),
+            "celeris": lambda chunk: engine.generate_batch([messages(r.text) for r in chunk],
+                                                           params)}
+    bar = ctx.bar(2 * len(requests), f"AR twin and Celeris, batch {batch}")
+    out = timed_side_by_side(runs, requests, batch, bar)
     bar.close()
-    return _row("Celeris (model defaults)", batch, [r.text for r in results],
-                [r.usage.completion_tokens for r in results], [r.nfe for r in results], walls,
-                requests, params.to_dict())
-
-
-def measure_ar(ctx: BenchContext, requests: Sequence[Any], batch: int) -> dict[str, Any]:
-    ar = ctx.ar
-    bar = ctx.bar(len(requests), f"AR batch {batch}")
-    results, walls = timed_batches(
-        lambda chunk: ar.generate_batch([messages(r.text) for r in chunk], max_new_tokens(ctx)),
-        requests, batch, bar)
-    bar.close()
-    return _row("AR twin (transformers generate)", batch, [r["text"] for r in results],
-                [r["completion_tokens"] for r in results], None, walls, requests,
-                {"max_new_tokens": max_new_tokens(ctx), "decoding": "greedy",
-                 "kv_cache": True})
+    (ar_results, ar_walls), (results, walls) = out["ar"], out["celeris"]
+    ar_row = _row(AR_SYSTEM, batch, [r["text"] for r in ar_results],
+                  [r["completion_tokens"] for r in ar_results], None, ar_walls, requests,
+                  ar_params(cap))
+    cel_row = _row("Celeris (model defaults)", batch, [r.text for r in results],
+                   [r.usage.completion_tokens for r in results], [r.nfe for r in results],
+                   walls, requests, params.to_dict())
+    return ar_row, cel_row
 
 
 def run_stories(ctx: BenchContext) -> dict[str, Any]:
@@ -97,8 +94,7 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
     ctx.engine.generate_batch(warm, celeris_params(ctx).replace(gen_length=16, steps=None))
     rows = []
     for batch in (1, 8):
-        ar_row = measure_ar(ctx, requests, batch)
-        cel_row = measure_celeris(ctx, requests, batch)
+        ar_row, cel_row = measure(ctx, requests, batch)
         for row in (ar_row, cel_row):
             tps = ar_row["tokens_per_s"]
             row["vs_ar"] = row["tokens_per_s"] / tps if tps else None
@@ -111,7 +107,8 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
                 "prompt_source": "celeris.train.corpus.heldout_long_requests (held-out), "
                                  "as chat messages"}
     cap = max_new_tokens(ctx)
-    notes = ["Celeris runs the model's own defaults (generation_config.json) with gen_length "
+    notes = ["the two systems ran side by side: each chunk of requests by both in turn",
+             "Celeris runs the model's own defaults (generation_config.json) with gen_length "
              f"a cap of {cap}; the AR twin runs greedy generate() with "
              f"max_new_tokens = {cap}",
              "grammar = fraction of sentences in shapes the story grammar writes; hero = "
