@@ -166,6 +166,9 @@ class SlotKVCache:
         return SlotView(self, slots, ends, writes, real)
 
 
+MAX_SLICE_RUNS = 4        # write runs per forward copied as slices; more go by index
+
+
 class SlotView:
     """One forward's access to a SlotKVCache (see ``celeris.model.KVView``).
 
@@ -187,10 +190,13 @@ class SlotView:
         col = torch.arange(self.keys, device=dev)
         self.key_mask = col[None, :] < torch.tensor(ends, device=dev)[:, None]  # (B, Lk)
         self.key_positions = col.expand(self.B, -1)
-        self._writes = None
-        if writes:
+        # a few runs (batch 1-2): a slice copy each; many: one gather/scatter by index, which
+        # keeps the kernel count of a large batch on a GPU flat
+        self._runs = write_runs(writes)
+        self._index = None
+        if len(self._runs) > MAX_SLICE_RUNS:
             w = torch.tensor(writes, device=dev).T                              # (4, N)
-            self._writes = (w[0], w[1], w[2], w[3])
+            self._index = (w[0], w[1], w[2], w[3])
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,8 +204,28 @@ class SlotView:
         first Lk positions, (B, Hkv, Lk, D) (a view when the slots are consecutive)."""
         out = []
         for store, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
-            if self._writes is not None:
-                row, col, slot, pos = self._writes
+            if self._index is not None:
+                row, col, slot, pos = self._index
                 store[slot, :, pos] = new[row, :, col].to(store.dtype)          # (N, Hkv, D)
+            else:
+                for row, col, slot, pos, n in self._runs:
+                    store[slot, :, pos:pos + n] = new[row, :, col:col + n]        # (Hkv, n, D)
             out.append(store[self._rows, :, :self.keys].to(k.dtype))
         return out[0], out[1]
+
+
+def write_runs(writes: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int, int]]:
+    """(row, column, slot, position) writes coalesced into runs (row, column, slot, position,
+    length) of consecutive columns going to consecutive positions of one slot: a row's window
+    writes one or two such runs, and at batch 1 a slice copy per run costs less than gathering
+    and scattering every column by index (~6% of a forward of celeris-tiny-bd on CPU; equal at
+    batch 8)."""
+    runs: list[list[int]] = []
+    for row, col, slot, pos in writes:
+        last = runs[-1] if runs else None
+        if (last is not None and last[0] == row and last[2] == slot
+                and last[1] + last[4] == col and last[3] + last[4] == pos):
+            last[4] += 1
+        else:
+            runs.append([row, col, slot, pos, 1])
+    return [tuple(r) for r in runs]

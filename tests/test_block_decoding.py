@@ -245,3 +245,32 @@ def test_kv_cache_refuses_a_position_past_the_context():
         kv.bind([0], [9], [(0, 0, 0, 8)])
     with pytest.raises(ValueError, match="length must be >= 1, got 0"):
         SlotKVCache(1, 1, 2, 8, torch.float32, torch.device("cpu"), length=0)
+
+
+def test_cache_writes_are_coalesced_into_runs_of_consecutive_columns_and_positions():
+    from celeris.cache import write_runs
+    writes = ([(0, 3 + i, 5, 40 + i) for i in range(4)]      # row 0: columns 3-6 -> 40-43
+              + [(1, 0, 2, 8), (1, 1, 2, 9)]                  # row 1: a run of two
+              + [(1, 2, 2, 20)]                               # then a jump in position
+              + [(2, 0, 7, 8), (2, 2, 7, 9)])                 # a jump in column
+    assert write_runs(writes) == [(0, 3, 5, 40, 4), (1, 0, 2, 8, 2), (1, 2, 2, 20, 1),
+                                  (2, 0, 7, 8, 1), (2, 2, 7, 9, 1)]
+    assert write_runs([]) == []
+
+
+@pytest.mark.parametrize("max_runs", [0, 4])
+def test_slice_and_index_cache_writes_store_the_same_keys(monkeypatch, max_runs):
+    """Few write runs go in as slice copies, many by index (``MAX_SLICE_RUNS``): both paths
+    leave every slot as writing each column by hand would."""
+    from celeris import cache
+    monkeypatch.setattr(cache, "MAX_SLICE_RUNS", max_runs)
+    kv = cache.SlotKVCache(1, 2, 3, max_len=32, dtype=torch.float32, device=torch.device("cpu"),
+                           slots=3, length=16)
+    writes = [(0, 1, 2, 4), (0, 2, 2, 5), (1, 0, 0, 9), (1, 1, 0, 10), (1, 2, 0, 11)]
+    k, v = torch.randn(2, 2, 3, 3), torch.randn(2, 2, 3, 3)                # (B, Hkv, W, D)
+    view = kv.bind([2, 0], [6, 12], writes)
+    assert (view._index is None) == (max_runs > 0)
+    view.update(0, k, v)
+    for row, col, slot, pos in writes:
+        assert torch.equal(kv.k[0][slot, :, pos], k[row, :, col])
+        assert torch.equal(kv.v[0][slot, :, pos], v[row, :, col])
