@@ -100,6 +100,20 @@ def measure(fns: dict, repeats: int, inner: int) -> dict[str, float]:
     return {k: round(statistics.median(v), 3) for k, v in samples.items()}
 
 
+def matmul_ms(fn, calls: int = 10) -> float:
+    """Milliseconds per call spent in matrix products (aten::mm/addmm), by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        fn()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(calls):
+                fn()
+    us = sum(e.self_cpu_time_total for e in prof.key_averages()
+             if e.key in ("aten::mm", "aten::addmm"))
+    return round(us / calls / 1e3, 3)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="models/celeris-tiny-bd")
@@ -132,7 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
               "prefix": args.prefix, "block_size": engine.block_size, "dtype": "float32",
               "ms": {**ms, **gen_ms},
               "break_even_tpf": {f"w{w}": round(ms[f"bd_forward_w{w}"] / per_token, 2)
-                                 for w in widths}}
+                                 for w in widths},
+              # profiled separately (the profiler slows every op): the matrix-product share
+              "matmul_ms_profiled": {name: matmul_ms(fn) for name, fn in fns.items()}}
     print(json.dumps(report, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

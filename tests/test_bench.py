@@ -169,6 +169,8 @@ def test_step_cost_times_block_windows_against_the_twins_token(tmp_path, one_thr
          "--json", str(tmp_path / "c.json")])
     assert json.loads((tmp_path / "c.json").read_text()) == json.loads(json.dumps(report))
     ms = report["ms"]
+    assert set(ms) == set(report["matmul_ms_profiled"]) | {"ar_generate_per_token"}
+    assert all(v > 0 for v in report["matmul_ms_profiled"].values())
     assert set(ms) == {"bd_forward_w1", "bd_forward_w5", "ar_forward_1",
                        "ar_generate_per_token"}
     assert all(v > 0 for v in ms.values())
