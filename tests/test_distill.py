@@ -242,3 +242,35 @@ def test_distill_data_writes_resumable_records_and_a_bd_run_trains_on_them(tmp_p
     assert log["train_config"]["certainty"] == 0.5
     assert log["train_config"]["selfgen"] == str(out)
     assert len(run["losses"]) == 2 and all(0 < x < 100 for x in run["losses"])
+
+
+def test_without_repeats_drops_repeated_sentences_and_keeps_spacing_and_paragraphs():
+    from celeris.train.longcheck import repeated_sentences, without_repeats
+    story = ('Once upon a time, there was a kind fox named Pip. Pip liked to play every day. '
+             'Pip liked to play every day.\n\nOne day, Pip found a red coin. "Look!" said Pip. '
+             'Pip liked to play  every DAY.\n\nPip liked to play every day.\n\nThe end.')
+    assert repeated_sentences(story) == (3, 9)      # "Look!" and " said Pip." count apart
+    out = without_repeats(story)
+    assert out == ('Once upon a time, there was a kind fox named Pip. Pip liked to play every '
+                   'day.\n\nOne day, Pip found a red coin. "Look!" said Pip.\n\nThe end.')
+    assert repeated_sentences(out) == (0, 6)
+    assert without_repeats(out) == out                    # nothing left to drop
+
+
+def test_a_looping_but_otherwise_good_story_is_kept_without_its_repeats():
+    import random
+
+    from celeris.train import corpus as C
+    from celeris.train.longcheck import repeated_sentences
+    from celeris.train.selfgen import imitable, prompts
+    request = C.long_request(random.Random(3), "train")
+    story = request.story
+    first = story.split(". ")[0] + "."
+    looping = story.replace(first, first + " " + first, 1)        # one sentence said twice
+    assert repeated_sentences(looping)[0] >= 1
+    kept = imitable("longreq", looping, request)
+    assert kept is not None and repeated_sentences(kept)[0] == 0
+    assert imitable("longreq", "Once upon a time.", request) is None     # no hero: dropped
+    task = next(spec for source, _, spec in prompts(0, 1) if source == "task")
+    assert imitable("task", task.answer, task) == task.answer
+    assert imitable("task", task.answer + " 9", task) is None

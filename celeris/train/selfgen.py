@@ -11,9 +11,12 @@ Prompts are training-split long-story requests (``corpus.long_request``) and che
 (``tasks.random_example``), drawn from a seeded RNG, so the list is fixed for a seed. Answers
 are the model's greedy output at its own default decoding (its ``generation_config``: the
 trajectories it runs when deployed; for the shipped block model ltr 0.85), the model's block
-size, exact cache. Only answers worth imitating are kept: a task answer that is right, a story
-whose every sentence the grammar writes, whose hero is kept, whose request is honoured, whose
-found objects stay the same and which repeats no sentence (``longcheck.long_score``). The file
+size, exact cache. Only answers worth imitating are kept: a task answer that is right, and a
+story whose every sentence the grammar writes, whose hero is kept, whose request is honoured
+and whose found objects stay the same (``longcheck.long_score``), once its sentences that
+repeat an earlier one are dropped (``longcheck.without_repeats``; the kept answer is that
+edited story: the shipped models repeat ~21% of their sentences, so almost no story was kept
+when a repeat disqualified it). The file
 is JSONL, one record per kept answer (``{"source", "prompt", "answer"}``) plus a
 ``{"done": N}`` line after each batch, so a stopped run resumes where it stopped
 (``resume=True`` skips the prompts already answered).
@@ -51,15 +54,18 @@ def prompts(requests: int, tasks: int, seed: int = 0) -> list[tuple[str, str, An
     return out
 
 
-def keep(source: str, answer: str, spec: Any) -> bool:
-    """Is the model's answer one to imitate?"""
+def imitable(source: str, answer: str, spec: Any) -> str | None:
+    """The answer to imitate (a story without its repeated sentences), or None when the
+    model's answer is not one to imitate."""
     if source == "task":
-        return _tasks.score(spec.task, answer, spec.answer)
+        return answer if _tasks.score(spec.task, answer, spec.answer) else None
     from celeris.train import longcheck
+    answer = longcheck.without_repeats(answer)
     s = longcheck.long_score([answer], [spec])
-    return (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0
+    good = (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0
             and s["request_honoured"] == 1.0 and s["objects_kept"] == 1.0
             and s["repeated_sentences"] == 0.0 and not s["unfinished"])
+    return answer if good else None
 
 
 def _done_count(path: Path) -> int:
@@ -104,10 +110,11 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 seen[source] += 1
                 tokens += len(r.token_ids)
                 nfe += r.nfe
-                if keep(source, r.text, spec):
+                answer = imitable(source, r.text, spec)
+                if answer is not None:
                     kept[source] += 1
                     f.write(json.dumps({"source": source, "prompt": text,
-                                        "answer": r.text}) + "\n")
+                                        "answer": answer}) + "\n")
             f.write(json.dumps({"done": i + len(chunk)}) + "\n")
             f.flush()
             if progress:

@@ -67,9 +67,12 @@ def template(sentence: str) -> str:
     return re.sub(r"\s+", " ", out)
 
 
+SENTENCE = re.compile(r"[^.!?]*[.!?]")      # a sentence ends with '.', '!' or '?'
+
+
 def sentences(text: str) -> tuple[list[str], str]:
     """(complete sentences, unfinished tail): a sentence ends with '.', '!' or '?'."""
-    parts = re.findall(r"[^.!?]*[.!?]", text)
+    parts = SENTENCE.findall(text)
     tail = text[sum(len(p) for p in parts):].strip()
     return [p.strip() for p in parts if p.strip()], tail
 
