@@ -77,6 +77,12 @@ class StepTiming:
         self.step_s += step_s
         self.forward_s += forward_s
 
+    def add_between(self, before: "StepTiming", after: "StepTiming") -> None:
+        """Add the steps another timing counted between two of its snapshots."""
+        self.steps += after.steps - before.steps
+        self.step_s += after.step_s - before.step_s
+        self.forward_s += after.forward_s - before.forward_s
+
     def snapshot(self) -> "StepTiming":
         return StepTiming(self.steps, self.step_s, self.forward_s)
 

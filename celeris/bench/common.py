@@ -164,16 +164,7 @@ def accuracy(examples: Sequence[Any], texts: Sequence[str]) -> tuple[float, dict
 def timed_batches(run: Callable[[list[Any]], list[Any]], items: Sequence[Any], batch: int,
                   bar: Any = None) -> tuple[list[Any], list[float]]:
     """Call ``run`` on consecutive chunks of ``batch`` items; (results, wall time per chunk)."""
-    results: list[Any] = []
-    walls: list[float] = []
-    for i in range(0, len(items), batch):
-        chunk = list(items[i:i + batch])
-        start = time.perf_counter()
-        results.extend(run(chunk))
-        walls.append(time.perf_counter() - start)
-        if bar is not None:
-            bar.update(len(chunk))
-    return results, walls
+    return timed_side_by_side({"run": run}, items, batch, bar)["run"]
 
 
 def timed_side_by_side(runs: dict[str, Callable[[list[Any]], list[Any]]],

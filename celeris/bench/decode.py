@@ -85,10 +85,7 @@ def _counting_steps(engine: Any, timing: StepTiming, params: Any):
     def run(chunk: list[Any]) -> list[Any]:
         before = engine.step_timing.snapshot()
         results = engine.generate_batch([messages(ex.prompt) for ex in chunk], params)
-        after = engine.step_timing
-        timing.steps += after.steps - before.steps
-        timing.step_s += after.step_s - before.step_s
-        timing.forward_s += after.forward_s - before.forward_s
+        timing.add_between(before, engine.step_timing)
         return results
     return run
 
