@@ -120,7 +120,7 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     try:
         summary = distill_data(args.model, args.out, requests=args.requests, tasks=args.tasks,
                                batch=args.batch, seed=args.seed, resume=args.resume,
-                               minutes=args.minutes)
+                               minutes=args.minutes, relabel_requests=not args.no_relabel)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -264,6 +264,9 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--minutes", type=float, default=None, help="stop after this long")
     p.add_argument("--resume", action="store_true", help="continue an existing file")
+    p.add_argument("--no-relabel", action="store_true",
+                   help="drop a good story that ignores its request instead of keeping it "
+                        "under the request it honours (hindsight relabelling)")
     p.set_defaults(func=cmd_distill_data)
 
 

@@ -274,3 +274,44 @@ def test_a_looping_but_otherwise_good_story_is_kept_without_its_repeats():
     task = next(spec for source, _, spec in prompts(0, 1) if source == "task")
     assert imitable("task", task.answer, task) == task.answer
     assert imitable("task", task.answer + " 9", task) is None
+
+
+def test_request_text_rebuilds_every_long_request_from_its_template():
+    rng = random.Random(5)
+    for _ in range(200):
+        r = corpus.long_request(rng)
+        assert r.form and corpus.request_text(r.form, dict(r.asks)) == (r.text, r.asks)
+
+
+def test_a_good_story_that_ignores_its_request_is_kept_under_the_request_it_honours():
+    from celeris.train.longcheck import request_honoured, without_repeats
+    from celeris.train.selfgen import kept_record, relabel
+    pairs = [(corpus.long_request(random.Random(i)), corpus.long_request(random.Random(500 + i)))
+             for i in range(400)]
+    pairs = [(asked, wrote) for asked, wrote in pairs
+             if asked.form == wrote.form and asked.asks and asked.text != wrote.text
+             and without_repeats(wrote.story) == wrote.story]
+    assert len(pairs) >= 20
+    for asked, wrote in pairs:
+        # the corpus story written for `wrote` honours exactly `wrote`'s request
+        assert not request_honoured(wrote.story, asked.asks)[0] or asked.asks == wrote.asks
+        rec = kept_record("longreq", asked.text, wrote.story, asked)
+        new = relabel(wrote.story, asked)
+        assert rec == {"source": "longreq", "prompt": new.text, "answer": wrote.story,
+                       "asked": asked.text}
+        assert new.form == asked.form and request_honoured(wrote.story, new.asks)[0]
+        if "obj" not in asked.asks:        # a story may find other objects than the asked one
+            assert (new.text, new.asks) == (wrote.text, wrote.asks)
+        assert kept_record("longreq", asked.text, wrote.story, asked,
+                           relabel_requests=False) is None
+    asked, _ = pairs[0]
+    # an honoured request keeps its prompt; a request without a template is not relabelled
+    assert kept_record("longreq", asked.text, asked.story, asked) == {
+        "source": "longreq", "prompt": asked.text, "answer": asked.story}
+    bare = dataclasses.replace(asked, form="")
+    assert relabel(pairs[1][1].story, bare) is None
+    # a story that introduces no named hero cannot answer a request for a hero's name
+    named = next(r for r, _ in pairs if "name" in r.asks)
+    nameless = "Once upon a time, there was a little girl.\n\nShe was happy.\n\nThe end."
+    assert relabel(nameless, named) is None
+    assert kept_record("longreq", named.text, nameless, named) is None

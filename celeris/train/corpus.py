@@ -571,6 +571,19 @@ class StoryRequest:
     text: str
     asks: dict          # subset of kind / adj / name / place / obj
     story: str
+    form: str = ""      # the LONG_REQUEST_FORMS template ``text`` was written from
+
+
+def request_text(form: str, values: dict) -> tuple[str, dict]:
+    """(request text, asks) for a LONG_REQUEST_FORMS template filled with ``values`` (kind,
+    adj, name, place, obj; only the fields the template names are needed)."""
+    asks = {f: values[f] for ph, fs in _FIELDS.items() if ph in form for f in fs}
+    get = values.get
+    text = form.format(a_kind=article(get("kind", "x")),
+                       a_adj_kind=article(f"{get('adj', 'x')} {get('kind', 'x')}"),
+                       name=get("name"), kind=get("kind"), place=get("place"),
+                       a_obj=article(get("obj", "x")))
+    return text, asks
 
 
 def long_request(rng: random.Random, split: str = "train") -> StoryRequest:
@@ -581,11 +594,8 @@ def long_request(rng: random.Random, split: str = "train") -> StoryRequest:
     values = {"kind": kind, "adj": rng.choice(ADJECTIVES),
               "name": rng.choice(NAMES_HE if pron == "he" else NAMES_SHE),
               "place": rng.choice(PLACES), "obj": rng.choice(OBJECTS)}
-    asks = {f: values[f] for ph, fs in _FIELDS.items() if ph in form for f in fs}
-    text = form.format(a_kind=article(kind), a_adj_kind=article(f"{values['adj']} {kind}"),
-                       name=values["name"], kind=kind, place=values["place"],
-                       a_obj=article(values["obj"]))
-    return StoryRequest(text, asks, random_long_story(rng, split, **asks))
+    text, asks = request_text(form, values)
+    return StoryRequest(text, asks, random_long_story(rng, split, **asks), form)
 
 
 def heldout_long_requests(n: int = 40, seed: int = STORY_EVAL_SEED) -> list[StoryRequest]:

@@ -16,8 +16,11 @@ story whose every sentence the grammar writes, whose hero is kept, whose request
 and whose found objects stay the same (``longcheck.long_score``), once its sentences that
 repeat an earlier one are dropped (``longcheck.without_repeats``; the kept answer is that
 edited story: the shipped models repeat ~21% of their sentences, so almost no story was kept
-when a repeat disqualified it). The file
-is JSONL, one record per kept answer (``{"source", "prompt", "answer"}``) plus a
+when a repeat disqualified it). A story that passes everything but the request (the shipped
+pair honours ~half) is kept under the request it does honour, written in the same template
+(``relabel``, hindsight relabelling; the record's "asked" holds the original prompt), so the
+pair stays consistent: a prompt and a story that gives what it asks. The file
+is JSONL, one record per kept answer (``{"source", "prompt", "answer"[, "asked"]}``) plus a
 ``{"done": N}`` line after each batch, so a stopped run resumes where it stopped
 (``resume=True`` skips the prompts already answered).
 """
@@ -59,13 +62,73 @@ def imitable(source: str, answer: str, spec: Any) -> str | None:
     model's answer is not one to imitate."""
     if source == "task":
         return answer if _tasks.score(spec.task, answer, spec.answer) else None
+    answer, good, honoured = _story_checks(answer, spec)
+    return answer if good and honoured else None
+
+
+def _story_checks(answer: str, spec: Any) -> tuple[str, bool, bool]:
+    """(the story without its repeated sentences, whether it is a good story apart from the
+    request, whether it honours ``spec``'s request)."""
     from celeris.train import longcheck
     answer = longcheck.without_repeats(answer)
     s = longcheck.long_score([answer], [spec])
-    good = (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0
-            and s["request_honoured"] == 1.0 and s["objects_kept"] == 1.0
+    good = (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0 and s["objects_kept"] == 1.0
             and s["repeated_sentences"] == 0.0 and not s["unfinished"])
-    return answer if good else None
+    return answer, good, s["request_honoured"] == 1.0
+
+
+def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
+    """The request ``story`` honours, in the template of the one it was written for
+    (hindsight relabelling): asked "a story about a brave fox named Max", a model that wrote
+    about a brave cat named Max gets the pair ("... a brave cat named Max", its story) to
+    imitate. The hero's kind/adjective/name come from its introduction, the place is the
+    first corpus place the story names, the object the first one it finds (else names). None
+    when the story has no such field or the request has no template (``spec.form``)."""
+    from celeris.train import longcheck
+    if not getattr(spec, "form", ""):
+        return None
+    need, values = set(spec.asks), {}
+    if need & {"kind", "adj", "name"}:
+        hero = longcheck.hero_of(story)
+        if hero is None or ("adj" in need and hero.adj is None):
+            return None
+        values.update(kind=hero.kind, adj=hero.adj, name=hero.name)
+    low = story.lower()
+    if "place" in need:
+        places = [(low.find(p), p) for p in _corpus.PLACES if p in low]
+        if not places:
+            return None
+        values["place"] = min(places)[1]
+    if "obj" in need:
+        found, _ = longcheck._object_patterns()
+        m = found.search(story)
+        if m is None:
+            return None
+        values["obj"] = m.group(1).lower()
+    text, asks = _corpus.request_text(spec.form, values)
+    if not longcheck.request_honoured(story, asks)[0]:
+        return None
+    return _corpus.StoryRequest(text, asks, spec.story, spec.form)
+
+
+def kept_record(source: str, prompt: str, answer: str, spec: Any,
+                relabel_requests: bool = True) -> dict | None:
+    """The distill-data record for one answer, or None when it is not one to imitate. A
+    good story that does not honour its request is kept under the request it does honour
+    (``relabel``; the record's "asked" is the original prompt) unless ``relabel_requests``
+    is False."""
+    if source == "task":
+        kept = imitable(source, answer, spec)
+        return None if kept is None else {"source": source, "prompt": prompt, "answer": kept}
+    story, good, honoured = _story_checks(answer, spec)
+    if not good:
+        return None
+    if honoured:
+        return {"source": source, "prompt": prompt, "answer": story}
+    new = relabel(story, spec) if relabel_requests else None
+    if new is None:
+        return None
+    return {"source": source, "prompt": new.text, "answer": story, "asked": prompt}
 
 
 def _done_count(path: Path) -> int:
@@ -78,7 +141,8 @@ def _done_count(path: Path) -> int:
 
 def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
-                 minutes: float | None = None, progress: bool = True) -> dict[str, Any]:
+                 minutes: float | None = None, progress: bool = True,
+                 relabel_requests: bool = True) -> dict[str, Any]:
     """Answer the prompts with ``model`` and append the kept answers to ``out``."""
     from celeris import Engine
 
@@ -100,7 +164,7 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER}
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
-    seen = {"task": 0, "longreq": 0}
+    seen, relabelled = {"task": 0, "longreq": 0}, 0
     with out.open("a") as f:
         for i in range(done, len(todo), batch):
             chunk = todo[i:i + batch]
@@ -110,18 +174,20 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 seen[source] += 1
                 tokens += len(r.token_ids)
                 nfe += r.nfe
-                answer = imitable(source, r.text, spec)
-                if answer is not None:
+                rec = kept_record(source, text, r.text, spec, relabel_requests)
+                if rec is not None:
                     kept[source] += 1
-                    f.write(json.dumps({"source": source, "prompt": text,
-                                        "answer": answer}) + "\n")
+                    relabelled += "asked" in rec
+                    f.write(json.dumps(rec) + "\n")
             f.write(json.dumps({"done": i + len(chunk)}) + "\n")
             f.flush()
             if progress:
-                print(f"distill-data: {i + len(chunk)}/{len(todo)} prompts, kept {kept}, "
+                print(f"distill-data: {i + len(chunk)}/{len(todo)} prompts, kept {kept} "
+                      f"({relabelled} stories relabelled), "
                       f"{tokens / max(time.time() - t0, 1e-9):.0f} tok/s", flush=True)
             if minutes is not None and time.time() - t0 > minutes * 60:
                 break
-    return {"out": str(out), "answered": seen, "kept": kept, "tokens": tokens,
+    return {"out": str(out), "answered": seen, "kept": kept, "relabelled": relabelled,
+            "tokens": tokens,
             "tokens_per_forward": tokens / nfe if nfe else 0.0,
             "wall_time_s": round(time.time() - t0, 1), "teacher": teacher}
