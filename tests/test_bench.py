@@ -92,7 +92,7 @@ def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(be
         assert row["requests"] == 8
         assert row["completion_tokens"] <= 8 * sec["settings"]["max_new_tokens"]
         for key in ("grammatical", "hero_kept", "request_honoured", "objects_kept",
-                    "repeated_sentences"):
+                    "repeated_sentences", "distinct_sentences"):
             assert 0.0 <= row[key] <= 1.0
             assert row[key] == row["quality"][key]
         assert row["vs_ar"] is not None

@@ -74,6 +74,20 @@ def test_repeated_sentences_are_counted_word_for_word():
                                           "reason": "found a coin, then wrote of the kite"}]
 
 
+def test_distinct_sentences_sees_one_story_told_with_other_names_as_one_story():
+    renamed = FOUND.replace("Tom", "Mia")
+    assert renamed != FOUND
+    assert longcheck.distinct_sentences([FOUND]) == 1.0               # 7 sentences, all distinct
+    assert longcheck.distinct_sentences([FOUND, renamed]) == 0.5      # the same 7 again
+    assert longcheck.distinct_sentences([FOUND, FOUND, FOUND, FOUND]) == 0.25
+    other = FOUND.replace("The coin was", "The kite was")              # one sentence differs
+    assert longcheck.distinct_sentences([FOUND, other]) == pytest.approx(8 / 14)
+    assert longcheck.distinct_sentences([]) == 0.0
+    stories = [r.story for r in corpus.heldout_long_requests(40)]
+    assert 0.6 < longcheck.distinct_sentences(stories) < 0.7           # the corpus: 0.65
+    assert longcheck.long_score([FOUND, renamed])["distinct_sentences"] == 0.5
+
+
 @pytest.mark.parametrize("requests", [_requests(200, seed=1), corpus.heldout_long_requests(200)],
                          ids=["train", "heldout"])
 def test_long_request_stories_honour_their_requests(requests):
