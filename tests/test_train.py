@@ -475,6 +475,11 @@ def test_model_card_names_the_initialisation_and_the_exact_command():
            "--steps 8000 --seed 0 --init-from models/celeris-tiny-ar --lr 0.001`" in first
     assert "continued training" in first
     assert second.startswith("- which was initialised from `models/celeris-tiny-ar` (ar model")
+    assert "AR-to-diffusion" in second              # stage 1 (diffusion) started from it
+    # an AR run continued from an AR run is continued training, not an adaptation
+    ar_run = {**log, "kind": "ar", "init_info": {**log["init_info"], "out": None}}
+    assert "continued training" in _init_lines(ar_run)[0]
+    assert "AR-to-diffusion" not in _init_lines(ar_run)[0]
     assert total == ("- total training compute is the sum of all 3 runs: 1,234,582 tokens, "
                      "46.5 min")
     plain = {**log, "init_from": None, "init_info": None, "train_config": {"lr": 2e-3}}

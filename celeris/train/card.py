@@ -71,8 +71,10 @@ def _init_lines(log: dict[str, Any]) -> list[str]:
         return []
     lines = []
     for i, info in enumerate(chain):
+        child = log if i == 0 else chain[i - 1]          # the run that started from ``info``
         how = ("AR-to-diffusion adaptation, as Dream-7B from Qwen2.5"
-               if info.get("kind") == "ar" else "continued training")
+               if info.get("kind") == "ar" and child.get("kind") != "ar"
+               else "continued training")
         command = (f"; its command: `{_train_command(info)}`" if info.get("out") else "")
         lines.append(f"- {'initialised' if i == 0 else 'which was initialised'} from "
                      f"`{info.get('path')}` ({info.get('kind')} model: {info.get('steps')} "
