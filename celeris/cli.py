@@ -120,7 +120,8 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     try:
         summary = distill_data(args.model, args.out, requests=args.requests, tasks=args.tasks,
                                batch=args.batch, seed=args.seed, resume=args.resume,
-                               minutes=args.minutes, relabel_requests=not args.no_relabel)
+                               minutes=args.minutes, relabel_requests=not args.no_relabel,
+                               temperature=args.temperature)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -264,6 +265,8 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--minutes", type=float, default=None, help="stop after this long")
     p.add_argument("--resume", action="store_true", help="continue an existing file")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample the answers at this temperature (0-2; default 0, greedy)")
     p.add_argument("--no-relabel", action="store_true",
                    help="drop a good story that ignores its request instead of keeping it "
                         "under the request it honours (hindsight relabelling)")

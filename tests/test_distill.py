@@ -315,3 +315,40 @@ def test_a_good_story_that_ignores_its_request_is_kept_under_the_request_it_hono
     nameless = "Once upon a time, there was a little girl.\n\nShe was happy.\n\nThe end."
     assert relabel(nameless, named) is None
     assert kept_record("longreq", named.text, nameless, named) is None
+
+
+def test_distill_data_samples_at_a_temperature_reproducibly_and_refuses_bad_ones(tmp_path,
+                                                                             monkeypatch):
+    from celeris.train import train
+    from celeris.train.selfgen import distill_data
+    monkeypatch.setenv("CELERIS_THREADS", "1")
+    train(tmp_path / "ar", preset="micro", seed=0, progress=False, steps=2, kind="ar")
+    train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
+          init_from=tmp_path / "ar")
+    for bad in (-0.1, 2.5, "hot"):
+        with pytest.raises(ValueError, match=r"temperature must be a number in \[0, 2.0\]"):
+            distill_data(tmp_path / "bd", tmp_path / "x.jsonl", requests=1, tasks=1,
+                         temperature=bad, progress=False)
+    assert not (tmp_path / "x.jsonl").exists()
+
+    def answers(name: str, temperature: float, **kw) -> tuple[dict, list[str]]:
+        from celeris import Engine
+        seen: list[str] = []
+        real = Engine.generate_batch
+
+        def spy(self, prompts, params=None, request_ids=None):
+            out = real(self, prompts, params, request_ids)
+            seen.extend(r.text for r in out)
+            return out
+        monkeypatch.setattr(Engine, "generate_batch", spy)
+        summary = distill_data(tmp_path / "bd", tmp_path / name, requests=2, tasks=2, batch=2,
+                               temperature=temperature, progress=False, **kw)
+        monkeypatch.setattr(Engine, "generate_batch", real)
+        return summary, seen
+
+    greedy, g = answers("g.jsonl", 0.0)
+    hot1, h1 = answers("h1.jsonl", 1.0)
+    hot2, h2 = answers("h2.jsonl", 1.0)
+    assert greedy["teacher"]["temperature"] == 0.0 and hot1["teacher"]["temperature"] == 1.0
+    assert h1 == h2                       # the same seeds, the same samples
+    assert h1 != g                        # an untrained model's samples differ from its argmax

@@ -38,6 +38,7 @@ from celeris.train import stream as _stream
 from celeris.train import tasks as _tasks
 
 TEACHER = {"temperature": 0.0, "cache": "prefix"}    # over the model's default decoding
+MAX_TEMPERATURE = 2.0
 MAX_NEW_TOKENS = 448
 
 
@@ -142,8 +143,13 @@ def _done_count(path: Path) -> int:
 def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
                  minutes: float | None = None, progress: bool = True,
-                 relabel_requests: bool = True) -> dict[str, Any]:
-    """Answer the prompts with ``model`` and append the kept answers to ``out``."""
+                 relabel_requests: bool = True, temperature: float = 0.0) -> dict[str, Any]:
+    """Answer the prompts with ``model`` and append the kept answers to ``out``.
+
+    ``temperature`` > 0 samples the answers instead of taking the greedy ones (each prompt
+    seeded from ``seed`` and its position, so a resumed run draws what an unbroken one would):
+    greedy answers to similar requests are nearly one story, and a model distilled on them
+    narrows towards it (docs/BENCHMARKS.md, session 13)."""
     from celeris import Engine
 
     for name, v in (("requests", requests), ("tasks", tasks)):
@@ -151,6 +157,9 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
     if not isinstance(batch, int) or not 1 <= batch <= 256:
         raise ValueError(f"batch must be an integer in [1, 256], got {batch!r}")
+    if not isinstance(temperature, (int, float)) or not 0.0 <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE}], "
+                         f"got {temperature!r}")
     out = Path(out)
     if out.exists() and not resume:
         raise FileExistsError(f"{out} exists; pass --resume to continue it or remove it")
@@ -160,16 +169,21 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     if not engine.block_causal:
         raise ValueError(f"{model} is not a block-diffusion model (config attention "
                          f"'block_causal'); distill-data writes a block model's own answers")
-    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS, **TEACHER)
-    teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER}
+    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS,
+                                             **{**TEACHER, "temperature": float(temperature)})
+    teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER,
+               "temperature": float(temperature)}
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
     seen, relabelled = {"task": 0, "longreq": 0}, 0
     with out.open("a") as f:
         for i in range(done, len(todo), batch):
             chunk = todo[i:i + batch]
+            # sampled: one seed per prompt, from its position in the fixed prompt list
+            step = params if not temperature else [params.replace(seed=seed * 1_000_003 + i + j)
+                                                   for j in range(len(chunk))]
             results = engine.generate_batch([[{"role": "user", "content": text}]
-                                             for _, text, _ in chunk], params)
+                                             for _, text, _ in chunk], step)
             for (source, text, spec), r in zip(chunk, results):
                 seen[source] += 1
                 tokens += len(r.token_ids)
