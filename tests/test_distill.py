@@ -212,15 +212,21 @@ def test_train_refuses_bad_certainty_and_selfgen(tmp_path):
               selfgen=str(tmp_path / "none.jsonl"), progress=False)
 
 
+def _micro_pair(tmp_path: Path, monkeypatch) -> None:
+    """A 2-step micro AR model in tmp_path/ar and a block model adapted from it in tmp_path/bd."""
+    from celeris.train import train
+    monkeypatch.setenv("CELERIS_THREADS", "1")
+    train(tmp_path / "ar", preset="micro", seed=0, progress=False, steps=2, kind="ar")
+    train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
+          init_from=tmp_path / "ar")
+
+
 @pytest.mark.slow
 def test_distill_data_writes_resumable_records_and_a_bd_run_trains_on_them(tmp_path,
                                                                           monkeypatch):
     from celeris.train import train
     from celeris.train.selfgen import distill_data, prompts
-    monkeypatch.setenv("CELERIS_THREADS", "1")
-    train(tmp_path / "ar", preset="micro", seed=0, progress=False, steps=2, kind="ar")
-    train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
-          init_from=tmp_path / "ar")
+    _micro_pair(tmp_path, monkeypatch)
     out = tmp_path / "self.jsonl"
     first = distill_data(tmp_path / "bd", out, requests=1, tasks=1, batch=2, progress=False)
     assert sum(first["answered"].values()) == 2
@@ -319,12 +325,8 @@ def test_a_good_story_that_ignores_its_request_is_kept_under_the_request_it_hono
 
 def test_distill_data_samples_at_a_temperature_reproducibly_and_refuses_bad_ones(tmp_path,
                                                                              monkeypatch):
-    from celeris.train import train
     from celeris.train.selfgen import distill_data
-    monkeypatch.setenv("CELERIS_THREADS", "1")
-    train(tmp_path / "ar", preset="micro", seed=0, progress=False, steps=2, kind="ar")
-    train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
-          init_from=tmp_path / "ar")
+    _micro_pair(tmp_path, monkeypatch)
     for bad in (-0.1, 2.5, "hot"):
         with pytest.raises(ValueError, match=r"temperature must be a number in \[0, 2.0\]"):
             distill_data(tmp_path / "bd", tmp_path / "x.jsonl", requests=1, tasks=1,
