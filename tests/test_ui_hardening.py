@@ -170,6 +170,82 @@ def test_race_stop_marks_unfinished_columns_stopped():
     assert out[3] == STOPPED and Slot.aborted == "s1"
 
 
+class ActiveSlot:
+    """The part of EngineSlot the settle handlers read: which sessions are running."""
+
+    def __init__(self, *active):
+        self.active = set(active)
+
+    def running(self, session):
+        return session in self.active
+
+
+def test_race_settle_after_a_cancelled_race_marks_stale_running_columns_stopped():
+    # Stop's own update came first, then a frame sent before the cancel brought "running"
+    # back: the handler chained after the race event (it runs once the cancel completed)
+    # puts "stopped" back, and leaves finished columns as they are
+    from ui.race import STOPPED, make_race_settle, stats
+
+    request = type("R", (), {"session_hash": "s1"})()
+    settle = make_race_settle(ActiveSlot())
+    out = settle(stats(3, 3, 1.0, "done"), stats(5, 2, 0.5, "running"), stats(), request)
+    assert [c["state"] for c in out[:3]] == ["done", "stopped", "stopped"]
+    assert out[1]["tokens"] == "5" and out[1]["nfe"] == "2"   # the figures so far kept
+    assert out[3] == STOPPED
+
+
+def test_race_settle_leaves_a_finished_race_and_a_newer_run_alone():
+    from ui.race import make_race_settle, stats
+
+    request = type("R", (), {"session_hash": "s1"})()
+    finished = [stats(3, 3, 1.0, "done"), stats(state="unavailable"), stats(4, 4, 1.0, "done")]
+    assert make_race_settle(ActiveSlot())(*finished, request) == [gr.skip()] * 4
+    running = [stats(state="running"), stats(), stats()]   # the session started a new race
+    assert make_race_settle(ActiveSlot("s1"))(*running, request) == [gr.skip()] * 4
+    other = make_race_settle(ActiveSlot("s2"))(*running, request)   # another tab's run
+    assert [c["state"] for c in other[:3]] == ["stopped"] * 3
+
+
+def test_gauges_settle_turns_only_a_stale_running_state_into_stopped():
+    from ui.playground import make_settle_gauges
+
+    request = type("R", (), {"session_hash": "s1"})()
+    settle = make_settle_gauges(ActiveSlot())
+    live = render.gauges(state="running")
+    out = settle(live, request)
+    assert out["state"] == "stopped" and {k: v for k, v in out.items() if k != "state"} == {
+        k: v for k, v in live.items() if k != "state"}
+    for state in ("done", "error", "stopped"):
+        assert settle(render.gauges(state=state), request) == gr.skip()
+    assert settle(None, request) == gr.skip()
+    assert make_settle_gauges(ActiveSlot("s1"))(live, request) == gr.skip()
+
+
+def test_the_steps_grid_update_keeps_a_value_that_fits_and_moves_one_that_does_not():
+    # the update is computed from the steps value of before; it lands after the user may have
+    # typed another one, so a value already on the new grid is not sent (not overwritten)
+    from ui.bounds import steps_slider
+
+    # what an update sends: the arguments passed (gradio's constructor_args)
+    kept = steps_slider(1024, 32, 128).constructor_args   # 32 blocks: 128 steps fit
+    assert kept == {"minimum": 0, "maximum": 1024, "step": 32}
+    moved = steps_slider(1024, 32, 100).constructor_args  # off the grid of 32: down to 96
+    assert moved == {"minimum": 0, "maximum": 1024, "step": 32, "value": 96}
+    assert steps_slider(64, 8, "x").constructor_args["value"] == 0   # unreadable: 0
+    assert "value" not in steps_slider(64, 8, 0).constructor_args     # 0 is on every grid
+    assert steps_slider(64, 8, 128).constructor_args["value"] == 64   # above gen length
+
+
+def test_the_block_choices_update_keeps_a_block_length_that_is_offered():
+    from ui.bounds import block_dropdown
+
+    kept = block_dropdown(1024, 32).constructor_args
+    assert set(kept) == {"choices"} and 32 in kept["choices"]
+    assert block_dropdown(1024, "32").constructor_args.keys() == {"choices"}
+    assert block_dropdown(24, 32).constructor_args["value"] == 24   # no longer offered
+    assert block_dropdown(64, 32, block_size=4).constructor_args["value"] == 4
+
+
 def test_an_empty_chat_message_is_not_sent():
     from ui.chat import add_user_message, send_button
 

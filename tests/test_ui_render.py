@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
@@ -359,6 +360,27 @@ def test_paced_drops_frames_but_never_the_finished_one():
     done = run()
     out = list(paced(iter(frames + [done]), 3600.0))
     assert out == [traj, done]
+
+
+def test_long_canvases_get_proportionally_fewer_frames():
+    from ui.context import FRAME_CELLS, frame_gap
+
+    assert frame_gap(0.04, 0) == frame_gap(0.04, FRAME_CELLS) == 0.04
+    assert frame_gap(0.04, 4 * FRAME_CELLS) == pytest.approx(0.16)
+    assert frame_gap(0.0, 4096) == 0.0
+
+
+def test_paced_spaces_frames_by_their_size_and_passes_a_final_item(monkeypatch):
+    import ui.context as ctx
+    from ui.context import FRAME_CELLS, paced
+
+    clock = iter(range(1000))   # one second passes per item (ui.context's clock only)
+    monkeypatch.setattr(ctx, "time", SimpleNamespace(monotonic=lambda: float(next(clock))))
+    items = [{"tokens": n, "done": n == 9} for n in range(10)]
+    # 1 s per frame up to FRAME_CELLS cells; these items are twice that: 2 s per frame
+    out = list(paced(iter(items), 1.0, final=lambda i: i["done"],
+                     cells=lambda i: 2 * FRAME_CELLS))
+    assert [i["tokens"] for i in out] == [0, 2, 4, 6, 8, 9]
 
 
 def test_loading_another_model_swaps_the_ui_engine_but_keeps_the_api_one():

@@ -30,6 +30,14 @@ def _number(value: Any, default: int) -> int:
         return default
 
 
+def _is(value: Any, number: int) -> bool:
+    """Whether a widget's value (a number or its text) is ``number``."""
+    try:
+        return float(value) == number
+    except (TypeError, ValueError):
+        return False
+
+
 def gen_bounds(slot: EngineSlot, prompt: Any) -> limits.Bounds:
     """gen length's range for ``prompt`` (text or messages) on the loaded model."""
     context = slot.context_length()
@@ -55,16 +63,22 @@ def block_dropdown(gen_length: Any, block_length: Any, block_size: int | None = 
     ``info`` replaces the help line (after a model switch)."""
     gen = max(_number(gen_length, limits.GEN_MIN), 1)
     extra = {} if info is None else {"info": info}
-    return gr.Dropdown(choices=limits.block_choices(gen, block_size),
-                       value=limits.fit_block(block_length, gen, block_size), **extra)
+    fitted = limits.fit_block(block_length, gen, block_size)
+    if not _is(block_length, fitted):   # see steps_slider: a fitting value is not resent
+        extra["value"] = fitted
+    return gr.Dropdown(choices=limits.block_choices(gen, block_size), **extra)
 
 
 def steps_slider(gen_length: Any, block_length: Any, steps: Any,
                  block_size: int | None = None) -> gr.Slider:
+    """The steps slider's grid for this gen length and block length. Its value is sent only
+    when ``steps`` is off the new grid: this update can land after the user typed another
+    value (it was computed from the value before), and must not overwrite a valid one."""
     gen = max(_number(gen_length, limits.GEN_MIN), 1)
     block = limits.fit_block(block_length, gen, block_size)
-    return gr.Slider(minimum=0, maximum=gen, step=limits.steps_stride(gen, block),
-                     value=limits.fit_steps(steps, gen, block))
+    grid = dict(minimum=0, maximum=gen, step=limits.steps_stride(gen, block))
+    fitted = limits.fit_steps(steps, gen, block)
+    return gr.Slider(**grid) if _is(steps, fitted) else gr.Slider(**grid, value=fitted)
 
 
 def range_check(bounds_of: Callable[..., limits.Bounds]) -> Callable[..., None]:

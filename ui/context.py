@@ -175,6 +175,11 @@ class EngineSlot:
             if self._active.get(session, (None, None))[1] == rid:
                 del self._active[session]
 
+    def running(self, session: str) -> bool:
+        """Whether this browser session has a request in the engine right now."""
+        with self._lock:
+            return session in self._active
+
     def abort(self, session: str) -> bool:
         """Abort the request this browser session is running (the Stop button)."""
         with self._lock:
@@ -249,17 +254,30 @@ def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "anonymous"
 
 
-def paced(frames: Iterator[Trajectory], interval: float) -> Iterator[Trajectory]:
-    """Pass a frame on only when ``interval`` seconds passed since the last one (the finished
-    run always). A fast model can take hundreds of steps a second; a browser redrawing a
-    1,000-token canvas cannot, and the skipped states are in the next frame anyway."""
+FRAME_CELLS = 256   # a canvas this long gets slot.frame_interval; longer ones proportionally more
+
+
+def frame_gap(interval: float, cells: int) -> float:
+    """Seconds between frames of a canvas of ``cells`` positions: ``interval`` up to
+    FRAME_CELLS, then in proportion (a 1,024-token canvas at a quarter of the rate), so that
+    a browser sharing its cores with the model never falls behind the frames it is sent."""
+    return interval * max(1.0, cells / FRAME_CELLS)
+
+
+def paced(frames: Iterator[Any], interval: float,
+          final: Callable[[Any], bool] = lambda traj: traj.finished,
+          cells: Callable[[Any], int] = lambda traj: 0) -> Iterator[Any]:
+    """Pass a frame on only when ``frame_gap(interval, cells(frame))`` seconds passed since
+    the last one (a ``final`` frame always). A fast model can take hundreds of steps a
+    second; a browser redrawing a 1,000-token canvas cannot, and the skipped states are in
+    the next frame anyway."""
     last = float("-inf")
     try:
-        for traj in frames:
+        for item in frames:
             now = time.monotonic()
-            if traj.finished or now - last >= interval:
+            if final(item) or now - last >= frame_gap(interval, cells(item)):
                 last = now
-                yield traj
+                yield item
     finally:   # closing us closes the stream (and so aborts the engine request) at once
         close = getattr(frames, "close", None)
         if close is not None:
@@ -275,7 +293,8 @@ def follow(slot: EngineSlot, session: str, engine: Any,
     ``start(request_id)`` opens the stream. If the consumer stops early (Stop button, closed
     tab), the engine request is aborted and the stream closed, so the engine is free again.
     """
-    return paced(_follow(slot, session, engine, start, traj), slot.frame_interval)
+    return paced(_follow(slot, session, engine, start, traj), slot.frame_interval,
+                 cells=lambda t: t.gen_length)
 
 
 def _follow(slot: EngineSlot, session: str, engine: Any,

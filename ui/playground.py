@@ -113,6 +113,18 @@ def make_stop_gauges(slot: EngineSlot):
     return stop
 
 
+def make_settle_gauges(slot: EngineSlot):
+    """After a run's event ended, however it ended: gauges still saying "running" say
+    "stopped". Stop cancels the event, but frames the server had already sent can land after
+    Stop's own "stopped" and bring "running" back; this runs after the cancel completed. A
+    newer run of the same session is left alone."""
+    def settle(gauges: dict[str, str] | None, request: gr.Request) -> Any:
+        if slot.running(session_of(request)) or not gauges or gauges.get("state") != "running":
+            return gr.skip()
+        return {**gauges, "state": "stopped"}
+    return settle
+
+
 def write_trajectory(traj: Trajectory) -> str:
     DOWNLOAD_DIR.mkdir(parents=True, exist_ok=True)
     path = DOWNLOAD_DIR / f"celeris-trajectory-{traj.request_id or 'run'}.json"
@@ -221,6 +233,8 @@ def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: l
                                     "download")], api_visibility="private", show_progress="hidden")
     parts["stop"].click(make_stop_gauges(slot), parts["gauges"], parts["gauges"], cancels=[event],
                      queue=False, api_visibility="private")
+    event.then(make_settle_gauges(slot), parts["gauges"], parts["gauges"], queue=False,
+               api_visibility="private", show_progress="hidden")
     preset.input(make_preset(slot), [preset, controls[2]], controls[:-1],
                  api_visibility="private", queue=False)
     replay["scrub"].change(replay_at, [traj_state, replay["scrub"]],

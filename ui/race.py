@@ -30,7 +30,7 @@ import gradio as gr
 from celeris.params import GenerationParams
 
 from . import bounds, limits, render, widgets
-from .context import (EngineSlot, error_message, follow, session_of, user_errors,
+from .context import (EngineSlot, error_message, follow, paced, session_of, user_errors,
                       with_error_frame)
 from .examples import examples
 from .playground import prompt_input
@@ -200,6 +200,19 @@ def make_race_stop(slot: EngineSlot):
     return stop
 
 
+def make_race_settle(slot: EngineSlot):
+    """After the race's event ended, however it ended: columns still "waiting", "running" or
+    "loading" say "stopped" (frames sent before Stop's cancel completed can land after Stop's
+    own update). A newer run of the same session is left alone."""
+    def settle(main: dict, canvas: dict, ar: dict, request: gr.Request) -> list[Any]:
+        columns = [main, canvas, ar]
+        marked = [stopped(c) for c in columns]
+        if slot.running(session_of(request)) or marked == columns:
+            return [gr.skip()] * 4
+        return [*marked, STOPPED]
+    return settle
+
+
 def make_race(slot: EngineSlot):
     @slot.gpu
     def race(prompt: str, as_chat: bool, gen_length: float, block_length: float,
@@ -282,7 +295,10 @@ def run_ar(slot: EngineSlot, message: Any, max_new_tokens: int) -> Iterator[tupl
                stats(state="unavailable"))
         return
     try:
-        for item in ar.stream(message, max_new_tokens):
+        frames = paced(ar.stream(message, max_new_tokens), slot.frame_interval,
+                       final=lambda item: bool(item.get("done")),
+                       cells=lambda item: int(item.get("tokens", 0)))
+        for item in frames:
             tokens, elapsed = int(item.get("tokens", 0)), float(item.get("elapsed", 0.0))
             state = "done" if item.get("done") else "running"
             yield render.escape_text(item.get("text", "")), stats(tokens, tokens, elapsed, state)
@@ -347,6 +363,8 @@ def create_ui(slot: EngineSlot) -> None:
                      show_progress="hidden")
     stop.click(make_race_stop(slot), outputs[1::2], outputs[1::2] + [summary],
                cancels=[event], queue=False, api_visibility="private")
+    event.then(make_race_settle(slot), outputs[1::2], outputs[1::2] + [summary], queue=False,
+               api_visibility="private", show_progress="hidden")
     # the titles follow the model on page load too (the Model tab may have swapped it)
     gr.on(None, lambda: headers(slot), None, heads, **bounds.QUIET)
     bounds.wire_gen_length(slot, prompt, as_chat, gen_length)
