@@ -62,6 +62,12 @@ def test_a_found_object_that_turns_into_another_is_caught(old, new, reason):
     assert longcheck.objects_kept(FOUND.replace(old, new)) == (False, reason)
 
 
+def test_the_first_found_object_is_named_and_none_when_nothing_is_found():
+    assert longcheck.first_found_object(FOUND) == "coin"
+    assert longcheck.first_found_object(FOUND.replace("a shiny coin", "a Red Kite")) == "kite"
+    assert longcheck.first_found_object("Tom found his friend. They played.") is None
+
+
 def test_repeated_sentences_are_counted_word_for_word():
     assert longcheck.repeated_sentences(FOUND) == (0, 7)
     looped = FOUND.replace("Tom liked to play every day.",

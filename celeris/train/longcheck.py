@@ -148,6 +148,13 @@ def _object_patterns() -> tuple[re.Pattern, re.Pattern]:
             re.compile(rf"\bthe ({objs})\b", re.IGNORECASE))
 
 
+def first_found_object(text: str) -> str | None:
+    """The first object a story finds ("found a red coin" -> "coin"), lower case; None when
+    it finds none of the corpus's objects."""
+    m = _object_patterns()[0].search(text)
+    return m.group(1).lower() if m else None
+
+
 def objects_kept(text: str) -> tuple[bool, str]:
     """(True, "") when every object a story finds stays that object; else (False, the first
     switch). In the corpus a paragraph that says "found a red coin" goes on with "the coin was

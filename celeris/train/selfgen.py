@@ -101,11 +101,10 @@ def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
             return None
         values["place"] = min(places)[1]
     if "obj" in need:
-        found, _ = longcheck._object_patterns()
-        m = found.search(story)
-        if m is None:
+        obj = longcheck.first_found_object(story)
+        if obj is None:
             return None
-        values["obj"] = m.group(1).lower()
+        values["obj"] = obj
     text, asks = _corpus.request_text(spec.form, values)
     if not longcheck.request_honoured(story, asks)[0]:
         return None
