@@ -88,9 +88,17 @@ def page(served, browser):
 
 
 def set_number(page, elem_id: str, value) -> None:
-    """Type into a slider's number box; wait until the slider itself shows the value."""
+    """Type into a slider's number box; wait until the slider itself shows the value.
+
+    First wait until the slider's range admits the value: its range follows other controls
+    through server round trips (gen length sets the steps' top), and a value typed before
+    that update lands is clamped by the browser."""
     from playwright.sync_api import expect
 
+    page.wait_for_function(
+        """([id, v]) => { const r = document.querySelector(`#${id} input[type=range]`);
+                          return r && Number(r.min) <= v && v <= Number(r.max); }""",
+        arg=[elem_id, float(value)])
     box = page.locator(f"#{elem_id} input[type=number]")
     box.fill(str(value))
     box.press("Enter")
