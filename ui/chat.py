@@ -6,7 +6,6 @@ committed prefix does, with a shaded tail for the positions still masked.
 
 from __future__ import annotations
 
-import time
 from contextlib import closing
 from typing import Any, Iterator
 
@@ -15,7 +14,7 @@ import gradio as gr
 from celeris import GenerationParams, GenerationResult
 
 from . import bounds, render
-from .context import EngineSlot, session_of, user_errors
+from .context import EngineSlot, paced, session_of, user_errors
 from .examples import examples
 from .playground import make_stop
 from .settings import PRESETS, preset_settings
@@ -66,17 +65,15 @@ def make_respond(slot: EngineSlot):
             params = base.replace(gen_length=int(gen_length), **_preset(
                 preset, int(gen_length), slot.block_size(), base))
         rid = slot.begin(session_of(request), engine)
-        done, reply, sent = False, {"role": "assistant", "content": ""}, float("-inf")
+        done = False
         try:
             with user_errors(), closing(engine.stream(messages, params, request_id=rid)) as run:
-                for item in run:
-                    if isinstance(item, GenerationResult):
-                        reply["content"], done = item.text or "(empty answer)", True
-                    else:
-                        reply["content"] = reply_so_far(item.text, item.num_masked)
-                    if done or time.monotonic() - sent >= slot.frame_interval:
-                        sent = time.monotonic()
-                        yield list(history) + [dict(reply)]
+                for item in paced(run, slot.frame_interval,
+                                  final=lambda i: isinstance(i, GenerationResult)):
+                    done = isinstance(item, GenerationResult)
+                    content = ((item.text or "(empty answer)") if done
+                               else reply_so_far(item.text, item.num_masked))
+                    yield list(history) + [{"role": "assistant", "content": content}]
         finally:
             if not done:
                 engine.abort(rid)

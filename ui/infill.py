@@ -20,7 +20,7 @@ from . import bounds, render, widgets
 from .context import (EngineSlot, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
-from .playground import make_settle_gauges, make_stop_gauges
+from .playground import wire_stop_gauges
 from .trajectory import Trajectory
 
 MARKER = "[MASK]"
@@ -173,10 +173,7 @@ def create_ui(slot: EngineSlot) -> None:
                      [canvas, filled, gauge, note, used],
                      api_name="infill", concurrency_id="engine",
                      concurrency_limit=slot.concurrency, show_progress="hidden")
-    stop.click(make_stop_gauges(slot), gauge, gauge, cancels=[event], queue=False,
-               api_visibility="private")
-    event.then(make_settle_gauges(slot), gauge, gauge, queue=False, api_visibility="private",
-               show_progress="hidden")
+    wire_stop_gauges(slot, stop, event, gauge)
     bounds.warn_out_of_range(span, "tokens per [MASK]")
     # which model fills follows the Model tab (page load and this tab's selection)
     gr.on(None, lambda: model_note(slot), None, used, **bounds.QUIET)

@@ -125,6 +125,15 @@ def make_settle_gauges(slot: EngineSlot):
     return settle
 
 
+def wire_stop_gauges(slot: EngineSlot, stop: gr.Button, event: Any, gauges: Any) -> None:
+    """Stop for a tab with gauges: cancel ``event`` and abort its request, then, once the
+    event has ended, settle a stale "running"."""
+    stop.click(make_stop_gauges(slot), gauges, gauges, cancels=[event], queue=False,
+               api_visibility="private")
+    event.then(make_settle_gauges(slot), gauges, gauges, queue=False, api_visibility="private",
+               show_progress="hidden")
+
+
 def write_trajectory(traj: Trajectory) -> str:
     DOWNLOAD_DIR.mkdir(parents=True, exist_ok=True)
     path = DOWNLOAD_DIR / f"celeris-trajectory-{traj.request_id or 'run'}.json"
@@ -231,10 +240,7 @@ def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: l
     event.then(after_run, traj_state,
                [replay[k] for k in ("scrub", "caption", "canvas", "commits", "conf", "heat",
                                     "download")], api_visibility="private", show_progress="hidden")
-    parts["stop"].click(make_stop_gauges(slot), parts["gauges"], parts["gauges"], cancels=[event],
-                     queue=False, api_visibility="private")
-    event.then(make_settle_gauges(slot), parts["gauges"], parts["gauges"], queue=False,
-               api_visibility="private", show_progress="hidden")
+    wire_stop_gauges(slot, parts["stop"], event, parts["gauges"])
     preset.input(make_preset(slot), [preset, controls[2]], controls[:-1],
                  api_visibility="private", queue=False)
     replay["scrub"].change(replay_at, [traj_state, replay["scrub"]],
