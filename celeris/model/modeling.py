@@ -24,6 +24,8 @@ from transformers.modeling_outputs import MaskedLMOutput
 from ..config import ModelLoadError
 from .configuration import (CelerisConfig, DreamConfig, FastDLLMQwenConfig, LLaDAConfig,
                             SDARConfig)
+from .packed import PACK_MAX_BYTES, PackedWeights, packed_layers, signed_sin, unpack_rows
+from .packed import applies as packed_applies
 
 
 class KVView(Protocol):
@@ -107,7 +109,7 @@ class Attention(nn.Module):
         else:             # queries and keys rotated in one go: half the small ops
             q, k = apply_rope(torch.cat([q, k], dim=-2), cos, sin).split([H, Hkv], dim=-2)
         if real is not None:                # attention itself runs on the padded window
-            q, k, v = (_unpack(t, real) for t in (q, k, v))
+            q, k, v = (unpack_rows(t, real) for t in (q, k, v))
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)         # (B, ., W, D)
         if kv is not None:
             k, v = kv.update(self.layer, k, v)                                      # (B, Hkv, Lk, D)
@@ -115,13 +117,6 @@ class Attention(nn.Module):
                                              enable_gqa=Hkv != H).transpose(1, 2)   # (B, W, H, D)
         out = out[real] if real is not None else out
         return self.o_proj(out.reshape(*lead, H * D))
-
-
-def _unpack(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """(N, ...) rows of the real columns -> (B, W, ...) with zeros in the padding."""
-    full = t.new_zeros(*real.shape, *t.shape[1:])
-    full[real] = t
-    return full
 
 
 class SwiGLU(nn.Module):
@@ -174,6 +169,7 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self._packed: PackedWeights | None = None
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -217,7 +213,12 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
             position_ids = default_positions(input_ids, attention_mask)
         key_mask = attn_mask if attn_mask is not None else self._attention_mask(
             position_ids, attention_mask, kv)
-        h = self.model.embed_tokens(input_ids)                                     # (B, W, C)
+        packed = None
+        if self._packed is not None and packed_applies():
+            packed = self._packed.current()
+            if packed is None:            # the model left the CPU: module path from now on
+                self._packed = None
+        h = F.embedding(input_ids, self.model.embed_tokens.weight)                 # (B, W, C)
         cos, sin = rope_tables(position_ids, self.config.head_dim, self.config.rope_theta,
                                h.dtype)
         # left-padded rows (a batch of windows of different widths): every matmul runs on the
@@ -225,18 +226,40 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         real = getattr(kv, "query_mask", None)
         if real is not None:
             h, cos, sin = h[real], cos[real], sin[real]
-        for block in self.model.layers:
-            h = block(h, cos, sin, key_mask, kv, real)
-        h = self.model.norm(h)
+        if packed is not None:
+            h = packed_layers(packed, h, cos, signed_sin(sin), key_mask, kv, real)
+        else:
+            for block in self.model.layers:
+                h = block(h, cos, sin, key_mask, kv, real)
+            h = self.model.norm(h)
         if real is not None:
-            h = _unpack(h, real)                                                   # (B, W, C)
-        if self.config.shift_logits:
-            h = torch.cat([h[:, :1], h[:, :-1]], dim=1)   # logits at i come from state i-1
+            h = unpack_rows(h, real)                                               # (B, W, C)
+        shift = self.config.shift_logits              # logits at i come from state i-1
         if logits_index is not None:
+            if shift:
+                logits_index = (logits_index - 1).clamp_(min=0)
             h = h.gather(1, logits_index[..., None].expand(-1, -1, h.shape[-1]))   # (B, N, C)
-        elif logits_mask is not None:
-            h = h[logits_mask]                            # (N, C)
+        else:
+            if shift:
+                h = torch.cat([h[:, :1], h[:, :-1]], dim=1)
+            if logits_mask is not None:
+                h = h[logits_mask]                                                 # (N, C)
+        if packed is not None:
+            return MaskedLMOutput(logits=packed.logits(h))
         return MaskedLMOutput(logits=self.lm_head(h))
+
+    def pack_for_inference(self, max_bytes: int = PACK_MAX_BYTES) -> bool:
+        """Use the fused, transposed decode-time weights (``packed.py``) for forwards without
+        gradients, if the model has at most ``max_bytes`` of parameters; True when packed.
+        ``unpack_inference()`` goes back to the module path."""
+        params = list(self.parameters())
+        size = sum(p.numel() * p.element_size() for p in params)
+        on_cpu = all(p.device.type == "cpu" for p in params)
+        self._packed = PackedWeights(self) if on_cpu and size <= max_bytes else None
+        return self._packed is not None
+
+    def unpack_inference(self) -> None:
+        self._packed = None
 
     def _attention_mask(self, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                         kv: KVView | None) -> torch.Tensor | None:

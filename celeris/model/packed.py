@@ -1,0 +1,207 @@
+"""The decode-time forward for small models on CPU: the same transformer, fewer and cheaper ops.
+
+A decoding step of a small model (celeris-tiny-bd: 6 layers of width 256, a window of 4-9
+columns) is not arithmetic-bound. On the 2-core CPU it ran seven ``nn.Linear`` calls and ~40
+other small ops per layer through two module dispatches per sub-layer, and the matrix products
+of 1-9 rows were the larger half of its ~4 ms: MKL's general product is slow at so few rows.
+This path computes the same function with
+
+- oneDNN's linear on weights reordered once into its blocked layout (``mkldnn._linear_pointwise``,
+  the kernel PyTorch's own inductor uses for frozen CPU graphs): 2-2.7x faster than
+  ``F.linear`` at 1-9 rows on the AVX-512 VM (``bench/step_cost.py`` shows the whole step).
+  Where oneDNN is unavailable, plain ``mm`` on transposed (in, out) weights;
+- each layer's q/k/v projections as one product and gate/up as one (7 products -> 4), and the
+  residual adds fused into the output and down products;
+- rotary embeddings as ``x * cos + roll(x) * sin'`` on the q and k heads of the fused
+  projection instead of slicing, negating and concatenating;
+- no ``nn.Module`` dispatch below the model.
+
+Only inference uses it (no gradients, no CPU autocast: ``applies``) and only once packed
+(``CelerisForMaskedDiffusion.pack_for_inference``, which the engine calls on CPU for models up
+to ``PACK_MAX_BYTES``: the packed copy doubles the weights' memory). The packed tensors follow
+the parameters: an in-place change (an optimiser step, ``load_state_dict``) is seen in the
+parameters' version counters and data pointers and the weights are packed again before the
+next forward; a model moved off the CPU falls back to the module path. The module path stays
+the reference: tests hold the two to the same logits (within float32 rounding) and the same
+greedy tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+PACK_MAX_BYTES = 256 * 2 ** 20      # larger models are bound by arithmetic, not by op count
+
+
+class PackedLayer(NamedTuple):
+    ln1: torch.Tensor                   # (C,) input RMSNorm weight
+    qkv: torch.Tensor                   # (C, (H + 2 Hkv) D): q, k, v projections side by side
+    qkv_bias: torch.Tensor | None       # ((H + 2 Hkv) D,) or None
+    q_norm: torch.Tensor | None         # (D,) Qwen3-style per-head norms, or None
+    k_norm: torch.Tensor | None
+    o: torch.Tensor                     # (H D, C)
+    ln2: torch.Tensor                   # (C,)
+    gate_up: torch.Tensor               # (C, 2 I): gate and up side by side
+    down: torch.Tensor                  # (I, C)
+
+
+def onednn_available() -> bool:
+    return bool(torch.backends.mkldnn.is_available()
+                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+ROWS_HINT = 8       # oneDNN's reorder takes a row count to tune for; 1-64 measured alike
+
+
+class OneDNNProducts:
+    """x (R, in) @ W.T with W reordered for oneDNN once."""
+
+    @staticmethod
+    def prep(weight: torch.Tensor) -> torch.Tensor:          # weight (out, in), nn.Linear's
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ROWS_HINT)
+
+    @staticmethod
+    def mm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+
+    @staticmethod
+    def mm_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, None, "add")
+
+
+class PlainProducts:
+    """x (R, in) @ W.T with W stored transposed, (in, out) contiguous."""
+
+    @staticmethod
+    def prep(weight: torch.Tensor) -> torch.Tensor:
+        return weight.detach().t().contiguous()
+
+    @staticmethod
+    def mm(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.mm(x, w) if bias is None else torch.addmm(bias, x, w)
+
+    @staticmethod
+    def mm_add(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(residual, x, w)
+
+
+class PackedWeights:
+    """Fused copies of a CPU model's weights laid out for its product kernel, with a stamp of
+    the parameters they were made from."""
+
+    def __init__(self, model: Any, products: Any = None) -> None:
+        self.model, self.forced = model, products
+        self.pack()
+
+    def _stamp(self) -> tuple:
+        return tuple((p.device, p.data_ptr(), p._version) for p in self.model.parameters())
+
+    def _products(self) -> Any:
+        if self.forced is not None:
+            return self.forced
+        dtypes = {p.dtype for p in self.model.parameters()}
+        return (OneDNNProducts if onednn_available()
+                and dtypes <= {torch.float32, torch.bfloat16} else PlainProducts)
+
+    def pack(self) -> None:
+        self.products = self._products()
+        m, cfg, prep = self.model, self.model.config, self.products.prep
+        with torch.no_grad():
+            layers = []
+            for blk in m.model.layers:
+                a, mlp = blk.self_attn, blk.mlp
+                projs = (a.q_proj, a.k_proj, a.v_proj)
+                bias = (torch.cat([p.bias for p in projs]) if a.q_proj.bias is not None
+                        else None)
+                layers.append(PackedLayer(
+                    ln1=blk.input_layernorm.weight.detach(),
+                    qkv=prep(torch.cat([p.weight for p in projs])),
+                    qkv_bias=bias,
+                    q_norm=a.q_norm.weight.detach() if a.qk_norm else None,
+                    k_norm=a.k_norm.weight.detach() if a.qk_norm else None,
+                    o=prep(a.o_proj.weight),
+                    ln2=blk.post_attention_layernorm.weight.detach(),
+                    gate_up=prep(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                    down=prep(mlp.down_proj.weight)))
+            self.layers = layers
+            self.norm = m.model.norm.weight.detach()
+            self.head = prep(m.lm_head.weight)
+        self.eps = cfg.rms_norm_eps
+        self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.stamp = self._stamp()
+
+    def current(self) -> "PackedWeights | None":
+        """Self, packed again first if any parameter changed since the last packing; None
+        once the model has left the CPU (the caller then takes the module path)."""
+        stamp = self._stamp()
+        if stamp != self.stamp:
+            if any(dev.type != "cpu" for dev, _, _ in stamp):
+                return None
+            self.pack()
+        return self
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The LM head over h (..., C)."""
+        lead = h.shape[:-1]
+        return self.products.mm(h.reshape(-1, h.shape[-1]), self.head).view(*lead, -1)
+
+
+def applies() -> bool:
+    """Whether this forward may take the packed path: inference (no gradients) and no CPU
+    autocast (its bfloat16 activations are for the module path's autocast-aware ops)."""
+    return not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+
+
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with the rotate-half sign folded in: rotate_half(x) * sin == roll(x, D/2) * this."""
+    half = sin.shape[-1] // 2
+    return torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+
+
+def packed_layers(w: PackedWeights, h: torch.Tensor, cos: torch.Tensor, sin_s: torch.Tensor,
+                  key_mask: torch.Tensor | None, kv: Any, real: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """Every transformer block over h, (B, W, C) or (N, C) packed real columns; cos and
+    ``signed_sin`` tables shaped like h's leading dims + (1, D)."""
+    H, Hkv, D = w.heads
+    lead, C = h.shape[:-1], h.shape[-1]
+    mm, mm_add = w.products.mm, w.products.mm_add
+    x = h.reshape(-1, C)                                                     # (R, C)
+    shape = (*lead, H + 2 * Hkv, D)
+    for layer, p in enumerate(w.layers):
+        a = F.rms_norm(x, (C,), p.ln1, w.eps)
+        qkv = mm(a, p.qkv, p.qkv_bias).view(shape)                           # (., H+2Hkv, D)
+        if p.q_norm is not None:
+            q = F.rms_norm(qkv[..., :H, :], (D,), p.q_norm, w.eps)
+            k = F.rms_norm(qkv[..., H:H + Hkv, :], (D,), p.k_norm, w.eps)
+            qk = torch.cat([q, k], dim=-2)
+        else:
+            qk = qkv[..., :H + Hkv, :]
+        qk = torch.addcmul(qk * cos, qk.roll(D // 2, -1), sin_s)             # RoPE
+        v = qkv[..., H + Hkv:, :]
+        if real is not None:            # attention runs on the padded (B, W) window
+            qk, v = unpack_rows(qk, real), unpack_rows(v, real)
+        q, k = qk[..., :H, :].transpose(1, 2), qk[..., H:, :].transpose(1, 2)
+        v = v.transpose(1, 2)                                                # (B, ., W, D)
+        if kv is not None:
+            k, v = kv.update(layer, k, v)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask,
+                                             enable_gqa=Hkv != H).transpose(1, 2)
+        if real is not None:
+            out = out[real]
+        x = mm_add(out.reshape(-1, H * D), p.o, x)                          # residual fused
+        a = F.rms_norm(x, (C,), p.ln2, w.eps)
+        gate, up = mm(a, p.gate_up).chunk(2, dim=-1)
+        x = mm_add(F.silu(gate).mul_(up), p.down, x)
+    return F.rms_norm(x, (C,), w.norm, w.eps).view(*lead, C)
+
+
+def unpack_rows(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """(N, ...) rows of the real columns -> (B, W, ...) with zeros in the padding."""
+    full = t.new_zeros(*real.shape, *t.shape[1:])
+    full[real] = t
+    return full
