@@ -7,8 +7,12 @@ pair, so the tokens per forward a model needs to break even is a measured number
 - the block model's cached forward (the engine's own ``SlotKVCache`` and model call, batch 1)
   over a window of W columns after a cached prefix of ``--prefix`` positions, for the widths a
   block step uses (block, block + the re-read column, finished block + new block, ...);
+- the same forwards through the module path (``unpack_inference``: what every forward ran
+  before the packed decode path of ``celeris/model/packed.py``);
 - the AR twin's cached one-token forward (transformers, ``DynamicCache`` holding the same
-  prefix) and its whole ``generate()`` time per token (what the bench's ``ar`` suite times).
+  prefix) and its whole ``generate()`` time per token (what the bench's ``ar`` suite times);
+- the twin's weights in Celeris's engine as a block-causal model of block size 1 (the bench's
+  same-engine control): one step forwards the finished token and the next position.
 
 Medians over ``--repeats`` rounds; each round runs every configuration once, interleaved, so a
 slow moment of a shared machine hits all of them alike.
@@ -101,7 +105,8 @@ def measure(fns: dict, repeats: int, inner: int) -> dict[str, float]:
 
 
 def matmul_ms(fn, calls: int = 10) -> float:
-    """Milliseconds per call spent in matrix products (aten::mm/addmm), by torch.profiler."""
+    """Milliseconds per call spent in matrix products (aten::mm/addmm, oneDNN's linear), by
+    torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     with torch.inference_mode():
@@ -110,7 +115,8 @@ def matmul_ms(fn, calls: int = 10) -> float:
             for _ in range(calls):
                 fn()
     us = sum(e.self_cpu_time_total for e in prof.key_averages()
-             if e.key in ("aten::mm", "aten::addmm"))
+             if e.key in ("aten::mm", "aten::addmm", "aten::linear")
+             or "linear_pointwise" in e.key)
     return round(us / calls / 1e3, 3)
 
 
@@ -133,7 +139,15 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"{args.model} is not a block-causal model")
     ar = ARBaseline.from_pretrained(args.ar_model, device="cpu", dtype="float32")
     fns = {f"bd_forward_w{w}": block_forward(engine, w, args.prefix) for w in widths}
+    # the module path (what every forward ran before the packed one) on the same weights
+    modules = Engine.from_pretrained(args.model, device="cpu", dtype="float32")
+    modules.model.unpack_inference()
+    fns.update({f"bd_forward_w{w}_modules": block_forward(modules, w, args.prefix)
+                for w in widths})
     fns["ar_forward_1"] = ar_forward(ar, args.prefix)
+    # the twin in Celeris's engine (block size 1): its step is the finished token + the next
+    twin = Engine.from_pretrained(args.ar_model, device="cpu", dtype="float32")
+    fns["ar_engine_forward_w2"] = block_forward(twin, 2, args.prefix)
     ms = measure(fns, args.repeats, args.inner)
     # generate() times itself: the median of its seconds per answer token
     per_token = round(1e3 * statistics.median(ar_generate(ar, 64)() for _ in range(args.repeats)),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from celeris import cli
-from celeris.bench.decode import REFERENCE, best_config
+from celeris.bench.decode import AR_ENGINE_SYSTEM, AR_SYSTEM, REFERENCE, best_config
 from celeris.bench.lengths import length_plan
 from tests.test_bench_fixture import one_thread, tiny_ar_dir, tiny_model_dir  # noqa: F401
 
@@ -74,19 +74,37 @@ def test_decode_counts_completion_tokens_like_the_engine(bench_run, models):
 
 def test_ar_suite_puts_both_systems_side_by_side_at_batch_1_and_8(bench_run):
     rows = bench_run.suites["ar"]["rows"]
-    assert [r["batch"] for r in rows] == [1, 1, 1, 8, 8, 8]
-    assert [r["system"].split(" (")[0] for r in rows[:3]] == \
-        ["AR twin", "Celeris reference", "Celeris fast"]
+    assert [r["batch"] for r in rows] == [1, 1, 1, 1, 8, 8, 8, 8]
+    assert [r["system"] for r in rows[:2]] == [AR_SYSTEM, AR_ENGINE_SYSTEM]
+    assert [r["system"].split(" (")[0] for r in rows[2:4]] == ["Celeris reference", "Celeris fast"]
     for row in rows:
         assert row["requests"] == 6 and 0.0 <= row["accuracy"] <= 1.0
         assert row["completion_tokens"] <= 6 * GEN
+    _assert_twin_ratios(rows)
+
+
+def _assert_twin_ratios(rows):
+    """Each batch's rows carry both ratios against the twin's two rows (the same-engine twin
+    decodes the twin's tokens: tests/test_packed_forward.py, test_shipped_model.py; a random
+    tiny model's near-tied logits may part them after a hundred tokens)."""
+    for batch in (1, 8):
+        group = {r["system"]: r for r in rows if r["batch"] == batch}
+        hf, same = group[AR_SYSTEM], group[AR_ENGINE_SYSTEM]
+        assert hf["vs_ar"] == 1.0 and same["vs_ar_engine"] == 1.0
+        assert same["tokens_per_forward"] <= 1.0           # one position a step, EOS counted
+        for row in group.values():
+            assert row["vs_ar"] == pytest.approx(row["tokens_per_s"] / hf["tokens_per_s"])
+            assert row["vs_ar_engine"] == pytest.approx(
+                row["tokens_per_s"] / same["tokens_per_s"])
 
 
 def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(bench_run):
     sec = bench_run.suites["stories"]
     rows = sec["rows"]
-    assert [(r["system"].split(" (")[0], r["batch"]) for r in rows] == \
-        [("AR twin", 1), ("Celeris", 1), ("AR twin", 8), ("Celeris", 8)]
+    assert [(r["system"], r["batch"]) for r in rows] == \
+        [(AR_SYSTEM, 1), (AR_ENGINE_SYSTEM, 1), ("Celeris (model defaults)", 1),
+         (AR_SYSTEM, 8), (AR_ENGINE_SYSTEM, 8), ("Celeris (model defaults)", 8)]
+    _assert_twin_ratios(rows)
     assert sec["settings"]["requests"] == 8           # --n 1: 8 held-out long requests
     for row in rows:
         assert row["requests"] == 8
@@ -96,7 +114,7 @@ def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(be
             assert 0.0 <= row[key] <= 1.0
             assert row[key] == row["quality"][key]
         assert row["vs_ar"] is not None
-    assert rows[0]["vs_ar"] == 1.0 and "tokens_per_forward" in rows[1]
+    assert rows[0]["vs_ar"] == 1.0 and "tokens_per_forward" in rows[2]
     assert "tokens_per_forward" not in rows[0]
 
 
@@ -171,7 +189,8 @@ def test_step_cost_times_block_windows_against_the_twins_token(tmp_path, one_thr
     ms = report["ms"]
     assert set(ms) == set(report["matmul_ms_profiled"]) | {"ar_generate_per_token"}
     assert all(v > 0 for v in report["matmul_ms_profiled"].values())
-    assert set(ms) == {"bd_forward_w1", "bd_forward_w5", "ar_forward_1",
+    assert set(ms) == {"bd_forward_w1", "bd_forward_w5", "bd_forward_w1_modules",
+                       "bd_forward_w5_modules", "ar_forward_1", "ar_engine_forward_w2",
                        "ar_generate_per_token"}
     assert all(v > 0 for v in ms.values())
     for w in (1, 5):

@@ -49,6 +49,7 @@ class BenchContext:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     _engine: Any = None
     _ar: Any = None
+    _ar_engine: Any = None
 
     @property
     def engine(self) -> Any:
@@ -71,6 +72,28 @@ class BenchContext:
                 raise SuiteSkipped(f"no autoregressive twin at {path} (pass --ar-model)")
             self._ar = ARBaseline.from_pretrained(path, device=str(self.engine.device))
         return self._ar
+
+    @property
+    def ar_engine(self) -> Any:
+        """The AR twin's weights in Celeris's own engine, as a block-causal model with blocks
+        of one position (greedy autoregressive decoding with the same kernels, KV cache and
+        host loop as the diffusion model): the same-engine control beside ``transformers``'
+        ``generate()``. None when the twin is not a checkpoint Celeris reads that way."""
+        if self._ar_engine is None:
+            from celeris import Engine, ModelLoadError
+            try:
+                engine = Engine.from_pretrained(self.ar_path(), device=self.device,
+                                                dtype=self.dtype)
+            except (ModelLoadError, ValueError):
+                engine = None
+            self._ar_engine = engine if engine is not None and engine.block_size == 1 else False
+        return self._ar_engine or None
+
+    def ar_engine_params(self, max_new_tokens: int) -> Any:
+        """Greedy, one position a step, up to ``max_new_tokens``, as the twin runs."""
+        return self.ar_engine.default_params().replace(
+            gen_length=max_new_tokens, block_length=1, steps=None, decoding="fixed",
+            temperature=0.0, seed=0, stop=())
 
     def bar(self, total: int, desc: str) -> Any:
         from tqdm import tqdm

@@ -36,11 +36,27 @@ DECODE_COLUMNS = (("config", "config", "s"), ("tokens_per_s", "tok/s", ".2f"),
                   ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
 AR_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
               ("tokens_per_s", "tok/s", ".2f"), ("accuracy", "accuracy", ".3f"),
-              ("vs_ar", "x AR", ".2f"), ("completion_tokens", "tokens", "d"),
+              ("tokens_per_forward", "TPF", ".2f"), ("vs_ar", "x AR", ".2f"),
+              ("vs_ar_engine", "x AR(C)", ".2f"), ("completion_tokens", "tokens", "d"),
               ("wall_s", "wall s", ".2f"))
+AR_ENGINE_NOTE = ("x AR = tok/s over the AR twin's through transformers generate() (the "
+                  "goal's ratio); x AR(C) = over the same twin's weights decoded by Celeris's "
+                  "own engine as a block-causal model with blocks of one position (greedy "
+                  "autoregressive decoding with the same kernels, KV cache and host loop): "
+                  "what parallel decoding buys beyond the engine's kernels")
+
+
+def add_ratios(rows: Sequence[dict[str, Any]]) -> None:
+    """vs_ar and vs_ar_engine of every row of one batch size, against the twin's rows."""
+    base = {r["system"]: r["tokens_per_s"] for r in rows}
+    for key, system in (("vs_ar", AR_SYSTEM), ("vs_ar_engine", AR_ENGINE_SYSTEM)):
+        tps = base.get(system)
+        for row in rows:
+            row[key] = row["tokens_per_s"] / tps if tps else None
 
 
 AR_SYSTEM = "AR twin (transformers generate)"
+AR_ENGINE_SYSTEM = "AR twin (Celeris engine, block 1)"
 
 
 def measure(ctx: BenchContext, systems: Sequence[tuple[str, Any]], examples: Sequence[Any],
@@ -50,12 +66,17 @@ def measure(ctx: BenchContext, systems: Sequence[tuple[str, Any]], examples: Seq
     side by side (``timed_side_by_side``: every chunk by every system in turn)."""
     engine = ctx.engine
     runs: dict[str, Any] = {}
+    systems = list(systems)
     if ar_max_new is not None:
         runs[AR_SYSTEM] = lambda chunk: ctx.ar.generate_batch(
             [messages(ex.prompt) for ex in chunk], ar_max_new)
+    engines = {name: engine for name, _ in systems}
+    if ar_max_new is not None and ctx.ar_engine is not None:
+        systems.insert(0, (AR_ENGINE_SYSTEM, ctx.ar_engine_params(ar_max_new)))
+        engines[AR_ENGINE_SYSTEM] = ctx.ar_engine
     timings = {name: StepTiming() for name, _ in systems}
     for name, params in systems:
-        runs[name] = _counting_steps(engine, timings[name], params)
+        runs[name] = _counting_steps(engines[name], timings[name], params)
     bar = ctx.bar(len(examples) * len(runs), f"batch {batch}: {len(runs)} systems")
     out = timed_side_by_side(runs, examples, batch, bar)
     bar.close()
@@ -179,15 +200,15 @@ def run_ar(ctx: BenchContext) -> dict[str, Any]:
         todo = [(name, ctx.base_params(**changes)) for _, (name, changes) in systems
                 if reused[name] is None]
         measured = {r["config"]: r for r in measure(ctx, todo, examples, batch, ctx.gen_length)}
-        ar_row = measured.pop(AR_SYSTEM) | {"system": "AR twin"}
+        ar_row = measured.pop(AR_SYSTEM) | {"system": AR_SYSTEM}
         batch_rows = [ar_row] + [(reused[name] or measured[name]) | {"system": labels[name]}
                                  for name in labels]
-        tps = ar_row["tokens_per_s"]
-        for row in batch_rows:
-            row["vs_ar"] = row["tokens_per_s"] / tps if tps else None
+        if AR_ENGINE_SYSTEM in measured:
+            batch_rows.insert(1, measured.pop(AR_ENGINE_SYSTEM) | {"system": AR_ENGINE_SYSTEM})
+        add_ratios(batch_rows)
         rows += batch_rows
     notes = [f"AR twin: {ctx.ar_path()} via transformers generate(), greedy, KV cache, "
-             f"max_new_tokens = gen_length = {ctx.gen_length}",
+             f"max_new_tokens = gen_length = {ctx.gen_length}", AR_ENGINE_NOTE,
              f"Celeris fast = {best} ({'best of the decode suite' if decode else 'default'})",
              "each batch's systems ran side by side, chunk by chunk in turn; Celeris rows at "
              "the decode suite's batch size are its measurements (same run, same prompts), "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .common import BenchContext, ar_params, messages, section, timed_side_by_side
-from .decode import AR_SYSTEM
+from .decode import AR_ENGINE_NOTE, AR_ENGINE_SYSTEM, AR_SYSTEM, add_ratios
 
 STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("tokens_per_s", "tok/s", ".2f"), ("tokens_per_forward", "TPF", ".2f"),
@@ -22,6 +22,7 @@ STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("request_honoured", "request", ".3f"), ("objects_kept", "objects", ".3f"),
                  ("repeated_sentences", "repeats", ".3f"),
                  ("distinct_sentences", "distinct", ".3f"), ("vs_ar", "x AR", ".2f"),
+                 ("vs_ar_engine", "x AR(C)", ".2f"),
                  ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
 MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
 REQUESTS_PER_N = 8            # --n 5 -> 40 requests
@@ -68,25 +69,33 @@ def celeris_params(ctx: BenchContext) -> Any:
 
 
 def measure(ctx: BenchContext, requests: Sequence[Any], batch: int
-            ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(AR twin row, Celeris row) over the same requests in chunks of ``batch``, measured side
-    by side (``timed_side_by_side``: every chunk by both systems in turn)."""
+            ) -> list[dict[str, Any]]:
+    """[AR twin row, (same-engine AR row,) Celeris row] over the same requests in chunks of
+    ``batch``, measured side by side (``timed_side_by_side``: every chunk by each system in
+    turn)."""
     engine, ar, cap = ctx.engine, ctx.ar, max_new_tokens(ctx)
     params = celeris_params(ctx)
-    runs = {"ar": lambda chunk: ar.generate_batch([messages(r.text) for r in chunk], cap),
-            "celeris": lambda chunk: engine.generate_batch([messages(r.text) for r in chunk],
-                                                           params)}
-    bar = ctx.bar(2 * len(requests), f"AR twin and Celeris, batch {batch}")
+    runs = {"ar": lambda chunk: ar.generate_batch([messages(r.text) for r in chunk], cap)}
+    engines = {}
+    if ctx.ar_engine is not None:
+        engines[AR_ENGINE_SYSTEM] = (ctx.ar_engine, ctx.ar_engine_params(cap))
+    engines["Celeris (model defaults)"] = (engine, params)
+    for name, (eng, p) in engines.items():
+        runs[name] = (lambda e, q: lambda chunk: e.generate_batch(
+            [messages(r.text) for r in chunk], q))(eng, p)
+    bar = ctx.bar(len(runs) * len(requests), f"{len(runs)} systems, batch {batch}")
     out = timed_side_by_side(runs, requests, batch, bar)
     bar.close()
-    (ar_results, ar_walls), (results, walls) = out["ar"], out["celeris"]
-    ar_row = _row(AR_SYSTEM, batch, [r["text"] for r in ar_results],
-                  [r["completion_tokens"] for r in ar_results], None, ar_walls, requests,
-                  ar_params(cap))
-    cel_row = _row("Celeris (model defaults)", batch, [r.text for r in results],
-                   [r.usage.completion_tokens for r in results], [r.nfe for r in results],
-                   walls, requests, params.to_dict())
-    return ar_row, cel_row
+    ar_results, ar_walls = out["ar"]
+    rows = [_row(AR_SYSTEM, batch, [r["text"] for r in ar_results],
+                 [r["completion_tokens"] for r in ar_results], None, ar_walls, requests,
+                 ar_params(cap))]
+    for name, (_, p) in engines.items():
+        results, walls = out[name]
+        rows.append(_row(name, batch, [r.text for r in results],
+                         [r.usage.completion_tokens for r in results],
+                         [r.nfe for r in results], walls, requests, p.to_dict()))
+    return rows
 
 
 def run_stories(ctx: BenchContext) -> dict[str, Any]:
@@ -96,11 +105,9 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
     ctx.engine.generate_batch(warm, celeris_params(ctx).replace(gen_length=16, steps=None))
     rows = []
     for batch in (1, 8):
-        ar_row, cel_row = measure(ctx, requests, batch)
-        for row in (ar_row, cel_row):
-            tps = ar_row["tokens_per_s"]
-            row["vs_ar"] = row["tokens_per_s"] / tps if tps else None
-        rows += [ar_row, cel_row]
+        batch_rows = measure(ctx, requests, batch)
+        add_ratios(batch_rows)
+        rows += batch_rows
     info = ctx.engine.info()
     settings = {"model": info["path"], "dtype": info["dtype"], "device": info["device"],
                 "ar_model": ctx.ar.info(), "requests": len(requests), "batches": [1, 8],
@@ -121,6 +128,6 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              "answers' sentences that are distinct, names replaced by one placeholder (the "
              "corpus's stories for the 40 held-out requests 0.65; one story told to every request "
              "scores low) (celeris.train.longcheck)",
-             "TPF = completion tokens / model forwards (Celeris only)"]
+             "TPF = completion tokens / model forwards (Celeris only)", AR_ENGINE_NOTE]
     return section("stories", "Long-story requests: Celeris vs the autoregressive twin",
                    STORY_COLUMNS, rows, settings, notes)
