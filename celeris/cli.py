@@ -121,7 +121,8 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
         summary = distill_data(args.model, args.out, requests=args.requests, tasks=args.tasks,
                                batch=args.batch, seed=args.seed, resume=args.resume,
                                minutes=args.minutes, relabel_requests=not args.no_relabel,
-                               temperature=args.temperature)
+                               temperature=args.temperature,
+                               correct_requests=not args.no_correct)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -270,6 +271,10 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-relabel", action="store_true",
                    help="drop a good story that ignores its request instead of keeping it "
                         "under the request it honours (hindsight relabelling)")
+    p.add_argument("--no-correct", action="store_true",
+                   help="do not edit a good story that ignores its request into one that "
+                        "honours it (hindsight correction: adjective, object, place or name "
+                        "swapped in, checked again); relabel it instead")
     p.set_defaults(func=cmd_distill_data)
 
 

@@ -301,7 +301,7 @@ def test_a_good_story_that_ignores_its_request_is_kept_under_the_request_it_hono
     for asked, wrote in pairs:
         # the corpus story written for `wrote` honours exactly `wrote`'s request
         assert not request_honoured(wrote.story, asked.asks)[0] or asked.asks == wrote.asks
-        rec = kept_record("longreq", asked.text, wrote.story, asked)
+        rec = kept_record("longreq", asked.text, wrote.story, asked, correct_requests=False)
         new = relabel(wrote.story, asked)
         assert rec == {"source": "longreq", "prompt": new.text, "answer": wrote.story,
                        "asked": asked.text}
@@ -309,7 +309,7 @@ def test_a_good_story_that_ignores_its_request_is_kept_under_the_request_it_hono
         if "obj" not in asked.asks:        # a story may find other objects than the asked one
             assert (new.text, new.asks) == (wrote.text, wrote.asks)
         assert kept_record("longreq", asked.text, wrote.story, asked,
-                           relabel_requests=False) is None
+                           relabel_requests=False, correct_requests=False) is None
     asked, _ = pairs[0]
     # an honoured request keeps its prompt; a request without a template is not relabelled
     assert kept_record("longreq", asked.text, asked.story, asked) == {
@@ -321,6 +321,76 @@ def test_a_good_story_that_ignores_its_request_is_kept_under_the_request_it_hono
     nameless = "Once upon a time, there was a little girl.\n\nShe was happy.\n\nThe end."
     assert relabel(nameless, named) is None
     assert kept_record("longreq", named.text, nameless, named) is None
+
+
+# the shipped block model's greedy answer to "Write a long story about a little goat."
+MODEL_STORY = (
+    "Once upon a time, there was a little goat named Zoe. Zoe liked to play every day.\n\n"
+    "One day, Zoe found a yellow shoe in the sand. The shoe was heavy and heavy. Zoe took the "
+    "shoe home. Zoe felt proud.\n\nZoe wanted to build a tall tower, but she was too small. "
+    "She tried again and again. At last, she did it, and she was very proud.\n\nZoe met a "
+    "cheerful old woman. \"Will you be my friend?\" asked Zoe. They played all day long. Zoe "
+    "was very tired that day.\n\nZoe was very proud that day. Zoe was happy to have the shoe.")
+
+
+def _request(form: str, **values) -> "corpus.StoryRequest":
+    text, asks = corpus.request_text(form, values)
+    return corpus.StoryRequest(text, asks, "", form)
+
+
+@pytest.mark.parametrize("form,values,fields,expect", [
+    ("Write a long story about {a_adj_kind}.", dict(kind="goat", adj="strong"), ["adj"],
+     ["there was a strong goat named Zoe"]),
+    ("Write a long story about {a_adj_kind}.", dict(kind="goat", adj="old"), ["adj"],
+     ["there was an old goat named Zoe"]),
+    ("Tell me a story about {a_kind} and {a_obj}.", dict(kind="goat", obj="apple"), ["obj"],
+     ["found a yellow apple in the sand", "The apple was heavy", "to have the apple."]),
+    ("Tell me a story about {a_kind} who lives {place}.", dict(kind="goat", place="in a castle"),
+     ["place"], ["Once upon a time, in a castle, there lived a little goat named Zoe."]),
+    ("Tell me a story about {a_adj_kind} called {name}.",
+     dict(kind="goat", adj="clever", name="Lily"), ["name", "adj"],
+     ["there was a clever goat named Lily", "Lily found a yellow shoe"]),
+])
+def test_a_good_story_that_ignores_its_request_is_corrected_to_honour_it(form, values,
+                                                                          fields, expect):
+    """Hindsight correction: the model's own story with the asked adjective, object, place or
+    name swapped in keeps the original prompt (relabelling would teach "little" forever)."""
+    from celeris.train.longcheck import long_score, request_honoured
+    from celeris.train.selfgen import correct, kept_record
+    spec = _request(form, **values)
+    assert not request_honoured(MODEL_STORY, spec.asks)[0]
+    rec = kept_record("longreq", spec.text, MODEL_STORY, spec)
+    assert rec["prompt"] == spec.text and rec["corrected"] == fields and "asked" not in rec
+    assert correct(MODEL_STORY, spec) == (rec["answer"], fields)
+    for piece in expect:
+        assert piece in rec["answer"]
+    assert request_honoured(rec["answer"], spec.asks) == (True, "")
+    score = long_score([rec["answer"]], [spec])
+    assert score["grammatical"] == 1.0 and score["hero_kept"] == 1.0
+    assert score["objects_kept"] == 1.0
+    # without correction it is relabelled under the request it honours (it names no place:
+    # then there is none, and it is dropped)
+    old = kept_record("longreq", spec.text, MODEL_STORY, spec, correct_requests=False)
+    if "place" in spec.asks:
+        assert old is None
+    else:
+        assert old["asked"] == spec.text and old["prompt"] != spec.text
+
+
+def test_a_miss_that_is_not_a_word_edit_is_relabelled_or_dropped():
+    from celeris.train.selfgen import correct, kept_record
+    other_kind = _request("Tell me a story about {a_kind} named {name}.", kind="horse",
+                          name="Zoe")
+    assert correct(MODEL_STORY, other_kind) is None            # a goat is not a horse
+    assert "asked" in kept_record("longreq", other_kind.text, MODEL_STORY, other_kind)
+    he_name = _request("Write a story about {name} the {kind}.", kind="goat", name="Max")
+    assert correct(MODEL_STORY, he_name) is None               # Zoe's "she" stays
+    no_opening = MODEL_STORY.replace("Once upon a time, there was", "Long ago, there was")
+    place = _request("Tell me a story about {a_kind} who lives {place}.", kind="goat",
+                     place="by the sea")
+    assert correct(no_opening, place) is None
+    assert kept_record("longreq", place.text, no_opening, place, relabel_requests=False,
+                       correct_requests=True) is None
 
 
 def test_distill_data_samples_at_a_temperature_reproducibly_and_refuses_bad_ones(tmp_path,

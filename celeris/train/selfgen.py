@@ -17,9 +17,12 @@ and whose found objects stay the same (``longcheck.long_score``), once its sente
 repeat an earlier one are dropped (``longcheck.without_repeats``; the kept answer is that
 edited story: the shipped models repeat ~21% of their sentences, so almost no story was kept
 when a repeat disqualified it). A story that passes everything but the request (the shipped
-pair honours ~half) is kept under the request it does honour, written in the same template
-(``relabel``, hindsight relabelling; the record's "asked" holds the original prompt), so the
-pair stays consistent: a prompt and a story that gives what it asks. The file
+pair honours ~half) is edited to give what it was asked (``correct``, hindsight correction:
+the adjective, object, place or name swapped in where the grammar allows, then checked again;
+the record's "corrected" lists the fields), or else kept under the request it does honour,
+written in the same template (``relabel``, hindsight relabelling; the record's "asked" holds
+the original prompt), so the pair stays consistent: a prompt and a story that gives what it
+asks. The file
 is JSONL, one record per kept answer (``{"source", "prompt", "answer"[, "asked"]}``) plus a
 ``{"done": N}`` line after each batch, so a stopped run resumes where it stopped
 (``resume=True`` skips the prompts already answered).
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -111,12 +115,74 @@ def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
     return _corpus.StoryRequest(text, asks, spec.story, spec.form)
 
 
+OPENING = "Once upon a time, there was "
+
+
+def _words(word: str) -> str:
+    return rf"(?<![A-Za-z]){re.escape(word)}(?![A-Za-z])"
+
+
+def _articles_before(text: str, word: str) -> str:
+    """Fix "a"/"an" right before ``word`` (after a word was swapped in)."""
+    def fix(m: re.Match) -> str:
+        art = _corpus.article(word).split(" ", 1)[0]
+        return (art[0].upper() + art[1:] if m.group(1)[0].isupper() else art) + " "
+    return re.sub(rf"(?<![A-Za-z])(an?|An?) (?={re.escape(word)}(?![A-Za-z]))", fix, text)
+
+
+def correct(story: str, spec: Any) -> tuple[str, list[str]] | None:
+    """The story edited to give what its request asks for (hindsight correction), and the
+    fields edited; None when a miss is not one this can edit.
+
+    Relabelling alone teaches nothing about copying a request: the shipped model writes
+    "a little X" whatever adjective is asked, so its relabelled requests all ask for "little".
+    The edits here are the ones the story grammar allows: the hero's adjective swapped
+    everywhere it stands before the hero's kind (articles fixed), the first found object
+    swapped everywhere for the requested one (articles fixed), a place put into the opening
+    as the corpus's own ``once upon a time, PLACE, there lived ...`` form, and the hero's name
+    swapped for a requested name of the same pronoun list. The caller checks the edited
+    story again (grammar, hero, objects, request) before keeping it."""
+    from celeris.train import longcheck
+    asks, fields = spec.asks, []
+    hero = longcheck.hero_of(story)
+    if {"kind", "adj", "name"} & set(asks) and hero is None:
+        return None
+    if "kind" in asks and hero.kind != asks["kind"]:
+        return None                       # another animal's story: not an edit of words
+    if "name" in asks and hero.name != asks["name"]:
+        same = [names for names in (_corpus.NAMES_HE, _corpus.NAMES_SHE)
+                if hero.name in names and asks["name"] in names]
+        if not same or re.search(_words(asks["name"]), story):
+            return None
+        story = re.sub(_words(hero.name), asks["name"], story)
+        fields.append("name")
+    if "adj" in asks and hero.adj != asks["adj"]:
+        if hero.adj is None:
+            return None
+        old, new = f"{hero.adj} {hero.kind}", f"{asks['adj']} {hero.kind}"
+        story = _articles_before(re.sub(_words(old), new, story), asks["adj"])
+        fields.append("adj")
+    if "obj" in asks and not re.search(_words(asks["obj"]), story, re.IGNORECASE):
+        found = longcheck.first_found_object(story)
+        if found is None or re.search(_words(asks["obj"]), story, re.IGNORECASE):
+            return None
+        story = _articles_before(re.sub(_words(found), asks["obj"], story), asks["obj"])
+        fields.append("obj")
+    if "place" in asks and asks["place"].lower() not in story.lower():
+        if not story.startswith(OPENING):
+            return None
+        story = f"Once upon a time, {asks['place']}, there lived " + story[len(OPENING):]
+        fields.append("place")
+    return (story, fields) if fields else None
+
+
 def kept_record(source: str, prompt: str, answer: str, spec: Any,
-                relabel_requests: bool = True) -> dict | None:
+                relabel_requests: bool = True, correct_requests: bool = True) -> dict | None:
     """The distill-data record for one answer, or None when it is not one to imitate. A
-    good story that does not honour its request is kept under the request it does honour
-    (``relabel``; the record's "asked" is the original prompt) unless ``relabel_requests``
-    is False."""
+    good story that does not honour its request is edited to honour it (``correct``; the
+    record's "corrected" lists the fields) unless ``correct_requests`` is False, else kept
+    under the request it does honour (``relabel``; the record's "asked" is the original
+    prompt) unless ``relabel_requests`` is False."""
     if source == "task":
         kept = imitable(source, answer, spec)
         return None if kept is None else {"source": source, "prompt": prompt, "answer": kept}
@@ -125,6 +191,11 @@ def kept_record(source: str, prompt: str, answer: str, spec: Any,
         return None
     if honoured:
         return {"source": source, "prompt": prompt, "answer": story}
+    edit = correct(story, spec) if correct_requests else None
+    if edit is not None:
+        fixed, ok, now_honoured = _story_checks(edit[0], spec)
+        if ok and now_honoured and fixed == edit[0]:
+            return {"source": source, "prompt": prompt, "answer": fixed, "corrected": edit[1]}
     new = relabel(story, spec) if relabel_requests else None
     if new is None:
         return None
@@ -142,7 +213,8 @@ def _done_count(path: Path) -> int:
 def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
                  minutes: float | None = None, progress: bool = True,
-                 relabel_requests: bool = True, temperature: float = 0.0) -> dict[str, Any]:
+                 relabel_requests: bool = True, temperature: float = 0.0,
+                 correct_requests: bool = True) -> dict[str, Any]:
     """Answer the prompts with ``model`` and append the kept answers to ``out``.
 
     ``temperature`` > 0 samples the answers instead of taking the greedy ones (each prompt
@@ -174,7 +246,7 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                "temperature": float(temperature)}
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
-    seen, relabelled = {"task": 0, "longreq": 0}, 0
+    seen, relabelled, corrected = {"task": 0, "longreq": 0}, 0, 0
     with out.open("a") as f:
         for i in range(done, len(todo), batch):
             chunk = todo[i:i + batch]
@@ -187,20 +259,23 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 seen[source] += 1
                 tokens += len(r.token_ids)
                 nfe += r.nfe
-                rec = kept_record(source, text, r.text, spec, relabel_requests)
+                rec = kept_record(source, text, r.text, spec, relabel_requests,
+                                  correct_requests)
                 if rec is not None:
                     kept[source] += 1
                     relabelled += "asked" in rec
+                    corrected += "corrected" in rec
                     f.write(json.dumps(rec) + "\n")
             f.write(json.dumps({"done": i + len(chunk)}) + "\n")
             f.flush()
             if progress:
                 print(f"distill-data: {i + len(chunk)}/{len(todo)} prompts, kept {kept} "
-                      f"({relabelled} stories relabelled), "
+                      f"({corrected} stories corrected, {relabelled} relabelled), "
                       f"{tokens / max(time.time() - t0, 1e-9):.0f} tok/s", flush=True)
             if minutes is not None and time.time() - t0 > minutes * 60:
                 break
     return {"out": str(out), "answered": seen, "kept": kept, "relabelled": relabelled,
+            "corrected": corrected,
             "tokens": tokens,
             "tokens_per_forward": tokens / nfe if nfe else 0.0,
             "wall_time_s": round(time.time() - t0, 1), "teacher": teacher}
