@@ -37,6 +37,9 @@ PACK_MAX_BYTES = 256 * 2 ** 20      # larger models are bound by arithmetic, not
 
 
 class PackedLayer(NamedTuple):
+    """One block's weights; the products' shapes are given in the plain (in, out) layout
+    (oneDNN's reordered ones are opaque to everything but its linear)."""
+
     ln1: torch.Tensor                   # (C,) input RMSNorm weight
     qkv: torch.Tensor                   # (C, (H + 2 Hkv) D): q, k, v projections side by side
     qkv_bias: torch.Tensor | None       # ((H + 2 Hkv) D,) or None
@@ -49,9 +52,12 @@ class PackedLayer(NamedTuple):
 
 
 def onednn_available() -> bool:
-    return bool(torch.backends.mkldnn.is_available()
-                and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    try:
+        return bool(torch.backends.mkldnn.is_available()
+                    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                    and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    except (AttributeError, RuntimeError):      # a build without the oneDNN ops
+        return False
 
 
 ROWS_HINT = 8       # oneDNN's reorder takes a row count to tune for; 1-64 measured alike
