@@ -61,8 +61,8 @@ class Engine:
         self.model_dir = Path(model_dir)
         self.config = config or EngineConfig()
         self.device = next(model.parameters()).device
-        # small models on CPU pay per op, not per flop: decode with the fused, transposed
-        # weights (model/packed.py; the module path stays the reference and the training path)
+        # small models on CPU pay per op, not per flop: decode with packed weights
+        # (model/packed.py; the module path stays the reference and the training path)
         self.packed = bool(self.device.type == "cpu" and hasattr(model, "pack_for_inference")
                            and model.pack_for_inference())
         sp = tokenizer.special

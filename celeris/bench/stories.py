@@ -81,8 +81,7 @@ def measure(ctx: BenchContext, requests: Sequence[Any], batch: int
         engines[AR_ENGINE_SYSTEM] = (ctx.ar_engine, ctx.ar_engine_params(cap))
     engines["Celeris (model defaults)"] = (engine, params)
     for name, (eng, p) in engines.items():
-        runs[name] = (lambda e, q: lambda chunk: e.generate_batch(
-            [messages(r.text) for r in chunk], q))(eng, p)
+        runs[name] = _engine_run(eng, p)
     bar = ctx.bar(len(runs) * len(requests), f"{len(runs)} systems, batch {batch}")
     out = timed_side_by_side(runs, requests, batch, bar)
     bar.close()
@@ -96,6 +95,11 @@ def measure(ctx: BenchContext, requests: Sequence[Any], batch: int
                          [r.usage.completion_tokens for r in results],
                          [r.nfe for r in results], walls, requests, p.to_dict()))
     return rows
+
+
+def _engine_run(engine: Any, params: Any):
+    """A chunk runner: one engine batch of the chunk's requests as chat messages."""
+    return lambda chunk: engine.generate_batch([messages(r.text) for r in chunk], params)
 
 
 def run_stories(ctx: BenchContext) -> dict[str, Any]:

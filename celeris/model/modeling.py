@@ -249,9 +249,10 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         return MaskedLMOutput(logits=self.lm_head(h))
 
     def pack_for_inference(self, max_bytes: int = PACK_MAX_BYTES) -> bool:
-        """Use the fused, transposed decode-time weights (``packed.py``) for forwards without
-        gradients, if the model has at most ``max_bytes`` of parameters; True when packed.
-        ``unpack_inference()`` goes back to the module path."""
+        """Decode with packed weights (``packed.py``: fused products in the CPU kernel's own
+        layout) in every forward without gradients or autocast, if the model is on the CPU and
+        has at most ``max_bytes`` of parameters; True when packed. ``unpack_inference()`` goes
+        back to the module path."""
         params = list(self.parameters())
         size = sum(p.numel() * p.element_size() for p in params)
         on_cpu = all(p.device.type == "cpu" for p in params)
