@@ -91,8 +91,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------- train / eval
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.snapshot:
+        from celeris.train import snapshot
+        try:
+            info = snapshot(args.out, args.snapshot)
+        except user_errors() as exc:
+            return error(exc)
+        print(f"snapshot of {info['snapshot_of']} (step {info['step']}) -> {args.snapshot}")
+        return 0
     from celeris.train import train
-
     try:
         summary = train(out=args.out, minutes=args.minutes, steps=args.steps,
                         device=args.device, resume=args.resume, seed=args.seed,
@@ -102,6 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("block_size", args.block_size),
                                              ("tokens_per_batch", args.tokens_per_batch),
                                              ("certainty", args.certainty),
+                                             ("copy_weight", args.copy_weight),
                                              ("block_sizes", args.block_sizes),
                                              ("selfgen", args.selfgen),
                                              ("selfgen_prob", args.selfgen_prob))
@@ -219,6 +227,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=None, help="optimizer step budget")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--snapshot", default=None, metavar="DIR",
+                   help="do not train: write the latest checkpoint of the run in --out as a "
+                        "model directory DIR (to eval or bench a run while it trains)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar", "bd"),
                    help="diffusion (full attention), ar (the twin) or bd (block diffusion)")
@@ -243,6 +254,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--certainty", type=float, default=None, metavar="W",
                    help="bd: weight of the entropy of right predictions (dParallel / CAP "
                         "certainty term; default 0)")
+    p.add_argument("--copy-weight", type=float, default=None, metavar="W",
+                   help="bd: loss weight (1-50, default 1) of the answer tokens a story "
+                        "request asks for (first mention of a prompt word that is not part "
+                        "of the request templates)")
     p.add_argument("--selfgen", default=None, metavar="JSONL",
                    help="self-distillation: a `celeris distill-data` file whose answers the "
                         "model wrote itself")

@@ -143,6 +143,29 @@ def test_train_dispatch(monkeypatch, capsys):
     assert "lr" not in calls[-1]
 
 
+def test_train_snapshot_and_copy_weight_options(monkeypatch, capsys):
+    calls = []
+
+    def train(**kwargs):
+        calls.append(kwargs)
+        return {"steps": 2}
+
+    def snapshot(out, dest):
+        if dest == "bad":
+            raise FileNotFoundError(f"snapshot: no checkpoint under {out}/checkpoints")
+        return {"snapshot_of": f"{out}/checkpoints/step_0000200.pt", "step": 200}
+
+    _fake_train_module(monkeypatch, train=train, snapshot=snapshot)
+    assert cli.main(["train", "--out", "runs/a", "--steps", "4", "--kind", "bd",
+                     "--copy-weight", "4"]) == 0
+    assert calls[-1]["copy_weight"] == 4.0
+    capsys.readouterr()
+    assert cli.main(["train", "--out", "runs/a", "--snapshot", "runs/a-200"]) == 0
+    assert "(step 200) -> runs/a-200" in capsys.readouterr().out and len(calls) == 1
+    assert cli.main(["train", "--out", "runs/a", "--snapshot", "bad"]) == 2
+    assert "no checkpoint under runs/a/checkpoints" in capsys.readouterr().err
+
+
 def test_eval_dispatch_table_and_json(monkeypatch, capsys):
     calls = []
     report = {"tasks": {"arith": 0.75, "copy": {"accuracy": 1.0}}, "masked_loss": 3.5}

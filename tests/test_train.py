@@ -18,7 +18,8 @@ from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher
 from celeris.train.objective import diffusion_loss, mask_batch
 from celeris.train.stream import Mix, Stream, tokenizer_corpus
-from celeris.train.trainer import (TRAIN_PRESETS, build_model, load_init_weights, make_schedule,
+from celeris.train.checkpoints import load_init_weights
+from celeris.train.trainer import (TRAIN_PRESETS, build_model, make_schedule,
                                    round_vocab)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -319,6 +320,29 @@ def test_micro_training_is_deterministic_and_resumable(tmp_path, one_thread):
     assert log["tokens_seen"] == a["tokens_seen"]
     with pytest.raises(ValueError):
         _train(tmp_path / "c", steps=20, resume=True, kind="ar")
+
+
+def test_snapshot_writes_the_latest_checkpoint_as_a_model_the_engine_loads(tmp_path,
+                                                                          one_thread):
+    from safetensors.torch import load_file
+
+    from celeris import Engine
+    from celeris.train import snapshot
+    with pytest.raises(FileNotFoundError, match="no checkpoint under"):
+        snapshot(tmp_path / "none", tmp_path / "snap")
+    _train(tmp_path / "run", steps=20, stop_at=10, kind="bd")       # checkpoint at step 10
+    with pytest.raises(ValueError, match="must not be the run's own directory"):
+        snapshot(tmp_path / "run", tmp_path / "run")
+    info = snapshot(tmp_path / "run", tmp_path / "snap")
+    assert info["step"] == 10 and info["kind"] == "bd"
+    ckpt = torch.load(info["snapshot_of"], map_location="cpu", weights_only=False)
+    saved = load_file(str(tmp_path / "snap" / "model.safetensors"))
+    assert set(saved) <= set(ckpt["model"]) and saved
+    assert all(torch.equal(saved[k], ckpt["model"][k].float()) for k in saved)
+    engine = Engine.from_pretrained(str(tmp_path / "snap"), device="cpu")
+    assert engine.default_params().decoding == "ltr"                 # bd generation defaults
+    assert engine.generate("Once upon a time", engine.default_params().replace(
+        gen_length=8)).usage.completion_tokens <= 8
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from celeris.train import copyweight
 from celeris.train.data import IGNORE, Batch, positions
 from celeris.train.objective import bf16_is_fast
 
@@ -42,6 +43,7 @@ class BlockInputs:
     index: torch.Tensor        # (B, N) column whose (shifted) logits predict each target
     targets: torch.Tensor      # (B, N) token ids, IGNORE where a row has fewer targets
     masked_frac: float         # fraction of scored positions masked (for logs)
+    weights: torch.Tensor | None = None   # (B, N) loss weight of each target; None = all 1
 
 
 def trim_to_targets(batch: Batch) -> Batch:
@@ -61,25 +63,31 @@ def trim_to_targets(batch: Batch) -> Batch:
 
 
 def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generator,
-                 eps: float = EPS) -> BlockInputs:
-    """A training batch: each block's scored positions masked at its own rate t ~ U(eps, 1)."""
+                 eps: float = EPS, copy: tuple[torch.Tensor, float] | None = None
+                 ) -> BlockInputs:
+    """A training batch: each block's scored positions masked at its own rate t ~ U(eps, 1).
+    ``copy`` = (template tokens, weight) weights the request's words (``copyweight``)."""
     batch = trim_to_targets(batch)
     B, L = batch.input_ids.shape
     blk = positions(batch.attention_mask, batch.input_ids) // block_size        # (B, L)
     t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - eps) + eps      # (B, nblocks)
     u = torch.rand(B, L, generator=gen)
     masked = (u < t.gather(1, blk)) & _targets(batch.labels)                    # (B, L)
-    return masked_layout(batch, block_size, mask_id, masked)
+    weights = None
+    if copy is not None:
+        weights = copyweight.weights_for(batch.input_ids, _targets(batch.labels),
+                                         _real(batch), batch.source, *copy)
+    return masked_layout(batch, block_size, mask_id, masked, weights)
 
 
-def masked_layout(batch: Batch, block_size: int, mask_id: int, masked: torch.Tensor
-                  ) -> BlockInputs:
+def masked_layout(batch: Batch, block_size: int, mask_id: int, masked: torch.Tensor,
+                  weights: torch.Tensor | None = None) -> BlockInputs:
     """The [noisy, clean] layout of ``batch`` with the scored positions ``masked`` (B, L) hidden
-    in the noisy half (``block_inputs`` draws them at random; a probe can choose them)."""
+    in the noisy half (``block_inputs`` draws them at random; a probe can choose them);
+    ``weights`` (B, L), when given, are the loss weights of the positions."""
     ids, labels = batch.input_ids, batch.labels                                  # (B, L)
     B, L = ids.shape
-    real = (torch.ones_like(ids, dtype=torch.bool) if batch.attention_mask is None
-            else batch.attention_mask.bool())
+    real = _real(batch)
     pos = positions(batch.attention_mask, ids)                                  # (B, L)
     blk = pos // block_size                                                     # (B, L)
     scored = _targets(labels)                                                   # (B, L)
@@ -98,8 +106,16 @@ def masked_layout(batch: Batch, block_size: int, mask_id: int, masked: torch.Ten
     targets = torch.where(masked.gather(1, order), ids.gather(1, order),
                           torch.full_like(order, IGNORE))
     frac = float(masked.sum()) / max(1, int(scored.sum()))
+    w = None if weights is None else weights.gather(1, order)                  # (B, N)
     return BlockInputs(torch.cat([noisy, ids], 1), torch.cat([pos, pos], 1), attn, index,
-                       targets, frac)
+                       targets, frac, w)
+
+
+def _real(batch: Batch) -> torch.Tensor:
+    """(B, L) bool: the positions that are not padding."""
+    if batch.attention_mask is None:
+        return torch.ones_like(batch.input_ids, dtype=torch.bool)
+    return batch.attention_mask.bool()
 
 
 def _targets(labels: torch.Tensor) -> torch.Tensor:
@@ -132,8 +148,9 @@ def _attention(blk: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 
 def block_loss(model, inputs: BlockInputs, device: str, certainty: float = 0.0
                ) -> torch.Tensor:
-    """Mean cross-entropy over the masked targets, plus ``certainty`` x the mean entropy of
-    the predictions that are already right (argmax = target).
+    """Mean cross-entropy over the masked targets (weighted by ``inputs.weights`` when
+    given), plus ``certainty`` x the mean entropy of the predictions that are already right
+    (argmax = target).
 
     The certainty term is the confidence objective of dParallel's certainty-forcing
     distillation and LLaDA2.0's CAP: cross-entropy alone leaves a right prediction at, say,
@@ -146,7 +163,12 @@ def block_loss(model, inputs: BlockInputs, device: str, certainty: float = 0.0
                    logits_index=inputs.index.to(device)).logits                  # (B, N, V)
     logits = logits.float().flatten(0, 1)                                       # (B*N, V)
     targets = inputs.targets.to(device).flatten()
-    loss = F.cross_entropy(logits, targets, ignore_index=IGNORE)
+    if inputs.weights is None:
+        loss = F.cross_entropy(logits, targets, ignore_index=IGNORE)
+    else:
+        ce = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
+        w = inputs.weights.to(device).flatten() * (targets != IGNORE)
+        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
     if certainty > 0:
         loss = loss + certainty * right_entropy(logits, targets)
     return loss

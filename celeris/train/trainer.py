@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from celeris.train import corpus as _corpus
 from celeris.train import stream as _stream
-from celeris.train import blockdiff, objective, tokenizer_train as tt
+from celeris.train import blockdiff, checkpoints, copyweight, objective
+from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher, positions
 
 KINDS = ("diffusion", "ar", "bd")     # bd: block diffusion (block-causal, celeris-tiny-bd)
@@ -55,23 +56,14 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
                  semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
-                 eval_stories=128, block_size=8, block_sizes=None, certainty=0.0, selfgen=None, selfgen_prob=0.0,
-                 log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
+                 eval_stories=128, block_size=8, block_sizes=None, certainty=0.0, copy_weight=1.0, selfgen=None,
+                 selfgen_prob=0.0, log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
                   betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
                   semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
-                  block_size=4, block_sizes=None, certainty=0.0, selfgen=None, selfgen_prob=0.0,
-                  log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
+                  block_size=4, block_sizes=None, certainty=0.0, copy_weight=1.0, selfgen=None,
+                  selfgen_prob=0.0, log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
 }
-
-DIFFUSION_DEFAULTS = {"gen_length": 64, "block_length": 32, "steps": 64, "temperature": 0.0,
-                      "remasking": "low_confidence", "decoding": "fixed"}
-# Block diffusion: a cap rather than a canvas, sub-blocks = the model's blocks, the exact cache
-# and left-to-right threshold decoding at 0.85 (plain threshold decoding made celeris-tiny-bd drop
-# and double words in stories; see its card and docs/BENCHMARKS.md).
-BLOCK_DEFAULTS = {"gen_length": 256, "temperature": 0.0, "remasking": "low_confidence",
-                  "decoding": "ltr", "threshold": 0.85, "cache": "prefix"}
-
 
 # ----------------------------------------------------------------------------- helpers
 def set_threads() -> int:
@@ -162,13 +154,14 @@ def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torc
 
 
 def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: int,
-                 certainty: float = 0.0, block_sizes: tuple[int, ...] | None = None
-                 ) -> torch.Tensor:
+                 certainty: float = 0.0, block_sizes: tuple[int, ...] | None = None,
+                 copy: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """Block-diffusion loss; with ``block_sizes`` each batch is cut into blocks of a size
-    drawn from them (so one run can be decoded, and compared, at several block sizes)."""
+    drawn from them (so one run can be decoded, and compared, at several block sizes);
+    ``copy`` = (template tokens, weight) weights a request's words (``copyweight``)."""
     if block_sizes:
         block_size = block_sizes[int(torch.randint(len(block_sizes), (1,), generator=gen))]
-    inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen)
+    inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen, copy=copy)
     with autocast_ctx(device):
         return blockdiff.block_loss(model, inputs, device, certainty)
 
@@ -191,28 +184,6 @@ def ar_step_loss(model, batch, device: str) -> torch.Tensor:
     return F.cross_entropy(logits.float(), target[keep])
 
 
-# ----------------------------------------------------------------------------- checkpoints
-def _ckpt_dir(out: Path) -> Path:
-    return out / "checkpoints"
-
-
-def latest_checkpoint(out: str | Path) -> Path | None:
-    files = sorted(_ckpt_dir(Path(out)).glob("step_*.pt"))
-    return files[-1] if files else None
-
-
-def _save_checkpoint(out: Path, state: dict[str, Any], keep: int) -> Path:
-    d = _ckpt_dir(out)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"step_{state['step']:07d}.pt"
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    for old in sorted(d.glob("step_*.pt"))[:-keep]:
-        old.unlink()
-    return path
-
-
 # ----------------------------------------------------------------------------- eval data
 def eval_sequences(tok, n: int) -> list[list[int]]:
     """BOS + held-out story + EOS, token ids."""
@@ -232,62 +203,6 @@ def eval_loss(model, kind: str, seqs: list[list[int]], device: str,
                                           autocast=objective.bf16_is_fast(device))
     return objective.ar_eval_loss(model, seqs, tt.SPECIAL_IDS["pad"], device=device,
                                   autocast=objective.bf16_is_fast(device))
-
-
-# ----------------------------------------------------------------------------- saving
-def write_generation_config(out: Path, kind: str) -> None:
-    if kind in ("diffusion", "bd"):
-        cfg = dict(DIFFUSION_DEFAULTS if kind == "diffusion" else BLOCK_DEFAULTS)
-        cfg.update(eos_token_id=tt.SPECIAL_IDS["eos"], pad_token_id=tt.SPECIAL_IDS["pad"],
-                   mask_token_id=tt.SPECIAL_IDS["mask"])
-        (out / "generation_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    else:
-        from transformers import GenerationConfig
-        GenerationConfig(bos_token_id=tt.SPECIAL_IDS["bos"],
-                         eos_token_id=[tt.SPECIAL_IDS["eos"], tt.SPECIAL_IDS["eot"]],
-                         pad_token_id=tt.SPECIAL_IDS["pad"], do_sample=False,
-                         max_new_tokens=64).save_pretrained(str(out))
-
-
-def save_final(model, out: Path, kind: str) -> None:
-    model = model.float()
-    model.save_pretrained(str(out))
-    write_generation_config(out, kind)
-
-
-def load_init_weights(model, src: Path) -> dict[str, Any]:
-    """Copy a trained model's weights (same parameter names and shapes: our AR twin is a Llama
-    with the diffusion model's layout) into ``model``. Returns what the source's own training
-    log says about it (steps, tokens), for the model card."""
-    from safetensors.torch import load_file
-
-    state = load_file(str(src / "model.safetensors"))
-    own = model.state_dict()
-    missing = sorted(set(own) - set(state))
-    if missing:
-        raise ValueError(f"init_from: {src} lacks {len(missing)} weight(s) the model needs, "
-                         f"e.g. {missing[0]!r}; it must be a model of the same preset")
-    for name, t in own.items():
-        if tuple(state[name].shape) != tuple(t.shape):
-            raise ValueError(f"init_from: {name} has shape {tuple(state[name].shape)} in {src}, "
-                             f"the model needs {tuple(t.shape)}; use a model of the same preset")
-    model.load_state_dict({k: state[k] for k in own}, strict=True)
-    return describe_init(src)
-
-
-# What a model's card needs to know about the model it started from: enough to name its own
-# training command, and (nested) where *it* started from, so a chain of runs is on record.
-INIT_KEYS = ("kind", "steps", "tokens_seen", "wall_time_s", "seed", "threads", "out", "preset",
-             "init_from", "train_config", "init_info")
-
-
-def describe_init(src: Path) -> dict[str, Any]:
-    info: dict[str, Any] = {"path": str(src)}
-    log_path = src / "train_log.json"
-    if log_path.is_file():
-        log = json.loads(log_path.read_text())
-        info.update({k: log.get(k) for k in INIT_KEYS})
-    return info
 
 
 # ----------------------------------------------------------------------------- settings
@@ -329,7 +244,9 @@ def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[st
         raise ValueError(f"lr must be in (0, 1], got {tp['lr']!r}")
     if not (isinstance(tp["certainty"], (int, float)) and 0 <= tp["certainty"] <= 10):
         raise ValueError(f"certainty must be in [0, 10], got {tp['certainty']!r}")
+    tp["copy_weight"] = copyweight.check_weight(tp["copy_weight"])
     bd_only = [name for name in ("certainty", "block_sizes") if tp[name]]
+    bd_only += ["copy_weight"] if tp["copy_weight"] != 1.0 else []
     if bd_only and kind != "bd":
         raise ValueError(f"{bd_only[0]} is a block-diffusion (kind='bd') setting")
     if tp["block_sizes"] is not None:
@@ -354,27 +271,6 @@ def _check_init(init_from: str | Path | None) -> Path | None:
         raise FileNotFoundError(f"init_from: {init_from} needs model.safetensors and the "
                                 f"tokenizer files ({', '.join(tt.TOKENIZER_FILES)})")
     return init_from
-
-
-def open_checkpoint(out: Path, want: dict[str, Any], steps: int | None
-                    ) -> dict[str, Any] | None:
-    """The latest checkpoint of ``out``, refused when it was trained with other settings
-    (``want``: kind, preset, seed, init_from) or another step budget."""
-    path = latest_checkpoint(out)
-    if path is None:
-        print(f"note: no checkpoint under {_ckpt_dir(out)}; starting from scratch",
-              file=sys.stderr)
-        return None
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    meta = ckpt["meta"]
-    for key, value in want.items():
-        if meta.get(key) != value:
-            raise ValueError(f"cannot resume {path}: it was trained with "
-                             f"{key}={meta.get(key)!r}, not {value!r}")
-    if steps is not None and steps != meta["schedule_steps"] and meta["steps_given"]:
-        raise ValueError(f"cannot resume {path} with steps={steps}: the run's cosine "
-                         f"schedule spans {meta['schedule_steps']} steps")
-    return ckpt
 
 
 def load_tokenizer(out: Path, resuming: bool, init_from: Path | None, tp: dict[str, Any],
@@ -406,7 +302,7 @@ class _Run:
         torch.manual_seed(seed)
         self.model = build_model(kind, preset, round_vocab(tok.get_vocab_size()),
                                  tp.get("block_size", 8)).to(device)
-        self.init_info = (load_init_weights(self.model, init_from)
+        self.init_info = (checkpoints.load_init_weights(self.model, init_from)
                           if init_from is not None and ckpt is None else None)
         self.model.train()
         self.opt = make_optimizer(self.model, tp)
@@ -424,6 +320,7 @@ class _Run:
                                prefix_prob=tp["prefix_prob"],
                                semi_ar_prob=tp.get("semi_ar_prob", 0.0))
         self.gen = torch.Generator().manual_seed(seed + 1)
+        self.copy = self._copy_setting(tok)
         self.step, self.tokens_seen, self.prior_wall = 0, 0, 0.0
         self.losses: list[float] = []
         self.curve: list[dict[str, Any]] = []
@@ -432,6 +329,17 @@ class _Run:
             self.restore(ckpt)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.eval_seqs = eval_sequences(tok, tp["eval_stories"])
+
+    def _copy_setting(self, tok) -> tuple[torch.Tensor, float] | None:
+        """(template tokens, weight) for a bd run with a copy weight, else None."""
+        weight = self.tp.get("copy_weight", 1.0)
+        if self.kind != "bd" or weight == 1.0:
+            return None
+        b = self.batcher
+
+        def encode(text: str) -> list[int]:
+            return b.encode(b.render_chat([{"role": "user", "content": text}]))
+        return copyweight.template_tokens(encode, round_vocab(tok.get_vocab_size())), weight
 
     # ---------------------------------------------------------------- state
     def restore(self, ckpt: dict[str, Any]) -> None:
@@ -456,7 +364,7 @@ class _Run:
                 "steps_given": self.steps_given, "warmup_steps": self.warmup}
 
     def checkpoint(self) -> None:
-        _save_checkpoint(self.out, {
+        checkpoints.save_checkpoint(self.out, {
             "meta": self.meta(), "step": self.step, "tokens_seen": self.tokens_seen,
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "stream_state": self.stream.state(),
@@ -490,7 +398,7 @@ class _Run:
             return diffusion_step_loss(self.model, batch, self.gen, self.device)
         if self.kind == "bd":
             return bd_step_loss(self.model, batch, self.gen, self.device, tp["block_size"],
-                                tp.get("certainty", 0.0), tp.get("block_sizes"))
+                                tp.get("certainty", 0.0), tp.get("block_sizes"), self.copy)
         return ar_step_loss(self.model, batch, self.device)
 
     def optimise(self) -> tuple[float, Any]:
@@ -601,7 +509,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     out.mkdir(parents=True, exist_ok=True)
     want = {"kind": kind, "preset": preset, "seed": seed,
             "init_from": None if init_from is None else str(init_from)}
-    ckpt = open_checkpoint(out, want, steps) if resume else None
+    ckpt = checkpoints.open_checkpoint(out, want, steps) if resume else None
     if ckpt is not None:
         tp = ckpt["meta"]["train_config"]
     tok = load_tokenizer(out, ckpt is not None, init_from, tp, seed)
@@ -615,7 +523,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     final_eval = run.evaluate()
     run.evals.append({"step": run.step, **final_eval})
     run.checkpoint()
-    save_final(run.model, out, kind)
+    checkpoints.save_final(run.model, out, kind)
     data = run.log(final_eval)
     return {"out": str(out), "kind": kind, "preset": preset, "seed": seed, "steps": run.step,
             "schedule_steps": run.total or 10 ** 9, "stopped_by_time": stopped_by_time,
@@ -624,3 +532,29 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
             "final_loss": data["final_loss"],
             "eval_loss": final_eval.get("masked_loss", final_eval.get("ar_loss")),
             "losses": list(run.losses)}
+
+
+def snapshot(out: str | Path, dest: str | Path) -> dict[str, Any]:
+    """Write the latest checkpoint of the run in ``out`` as a model directory ``dest``
+    (weights, tokenizer, its kind's generation defaults): a run can be evaluated, benched or
+    probed while it trains, instead of at the end."""
+    out, dest = Path(out), Path(dest)
+    path = checkpoints.latest_checkpoint(out)
+    if path is None:
+        raise FileNotFoundError(f"snapshot: no checkpoint under {checkpoints.checkpoint_dir(out)}")
+    if dest.resolve() == out.resolve():
+        raise ValueError("snapshot: the destination must not be the run's own directory")
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    meta = ckpt["meta"]
+    tok = tt.load_raw(out)
+    model = build_model(meta["kind"], meta["preset"], round_vocab(tok.get_vocab_size()),
+                        meta["train_config"].get("block_size", 8))
+    model.load_state_dict(ckpt["model"])
+    dest.mkdir(parents=True, exist_ok=True)
+    tt.copy_tokenizer(out, dest)
+    checkpoints.save_final(model, dest, meta["kind"])
+    info = {"snapshot_of": str(path), "step": ckpt["step"], "tokens_seen": ckpt["tokens_seen"],
+            "kind": meta["kind"]}
+    (dest / "snapshot.json").write_text(json.dumps(info, indent=1) + "\n")
+    return info
+

@@ -1,0 +1,159 @@
+"""The block-diffusion loss weight on the words a story request asks for (``--copy-weight``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from celeris.train import blockdiff, copyweight
+from celeris.train import tokenizer_train as tt
+from celeris.train.data import IGNORE, Batch
+
+SHIPPED = "models/celeris-tiny-bd"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tt.load_raw(SHIPPED)
+
+
+def _chat_encoder(tok):
+    from transformers import PreTrainedTokenizerFast
+    chat = PreTrainedTokenizerFast.from_pretrained(SHIPPED)
+
+    def encode(text: str) -> list[int]:
+        rendered = chat.apply_chat_template([{"role": "user", "content": text}],
+                                            add_generation_prompt=True, tokenize=False)
+        return tok.encode(rendered, add_special_tokens=False).ids
+    return encode
+
+
+@pytest.fixture(scope="module")
+def template(tok):
+    return copyweight.template_tokens(_chat_encoder(tok), 8192, n=400)
+
+
+def _ids(tok, word: str) -> int:
+    (i,) = tok.encode(" " + word, add_special_tokens=False).ids
+    return i
+
+
+def test_template_tokens_hold_the_request_words_and_not_the_slot_values(tok, template):
+    for word in ("story", "about", "a", "named"):
+        assert template[_ids(tok, word)], word
+    for word in ("brave", "fox", "Max", "forest", "kite"):
+        assert not template[_ids(tok, word)], word
+    assert template[tok.token_to_id("<|user|>")] and template[tok.token_to_id("<|eot|>")]
+
+
+def _chat_row(tok, prompt: str, answer: str) -> tuple[torch.Tensor, torch.Tensor]:
+    p = _chat_encoder(tok)(prompt)
+    a = tok.encode(answer, add_special_tokens=False).ids
+    ids = torch.tensor([p + a])
+    scored = torch.zeros_like(ids, dtype=torch.bool)
+    scored[0, len(p):] = True
+    return ids, scored
+
+
+def test_copy_targets_are_the_first_mentions_of_the_requested_words(tok, template):
+    ids, scored = _chat_row(tok, "Write a long story about a brave fox named Max.",
+                            "Once upon a time, there was a brave fox named Max. Max was "
+                            "brave. The fox liked to run.")
+    copy = copyweight.copy_targets(ids, scored, torch.ones_like(scored), template)
+    words = [tok.id_to_token(int(i)).lstrip("Ġ") for i in ids[copy]]
+    assert words == ["brave", "fox", "Max"]
+    first = scored[0].nonzero()[0, 0]
+    assert not copy[0, :first].any()                        # never in the prompt
+
+
+def test_left_padding_is_not_read_as_prompt(tok, template):
+    ids, scored = _chat_row(tok, "Tell me a story about a kind goat.",
+                            "Once upon a time, there was a kind goat.")
+    pad = torch.full((1, 3), _ids(tok, "kite"))             # padding holds a word of the answer?
+    ids2 = torch.cat([pad, ids], 1)
+    scored2 = torch.cat([torch.zeros(1, 3, dtype=torch.bool), scored], 1)
+    real = torch.ones_like(scored2)
+    real[0, :3] = False
+    ids2[0, -2] = _ids(tok, "kite")                         # "kite" is in the answer only
+    copy = copyweight.copy_targets(ids2, scored2, real, template)
+    words = [tok.id_to_token(int(i)).lstrip("Ġ") for i in ids2[copy]]
+    assert words == ["kind"]                                # "goat" was replaced by "kite"
+
+
+def test_weights_only_for_request_sources_and_a_weight_above_one(tok, template):
+    ids, scored = _chat_row(tok, "Write a story about a shy hen.", "There was a shy hen.")
+    real = torch.ones_like(scored)
+    w = copyweight.weights_for(ids, scored, real, "longreq", template, 4.0)
+    assert sorted(set(w.flatten().tolist())) == [1.0, 4.0] and int((w == 4.0).sum()) == 2
+    assert copyweight.weights_for(ids, scored, real, "task", template, 4.0) is None
+    assert copyweight.weights_for(ids, scored, real, "longreq", template, 1.0) is None
+    assert copyweight.weights_for(ids, scored, real, "longreq", None, 4.0) is None
+
+
+def _tiny_model():
+    from celeris import CelerisConfig, CelerisForMaskedDiffusion
+    torch.manual_seed(0)
+    cfg = CelerisConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=2, shift_logits=True,
+                        attention="block_causal", block_size=4, mask_token_id=3,
+                        initializer_range=1.0)
+    return CelerisForMaskedDiffusion(cfg).eval()
+
+
+def test_block_loss_is_the_weighted_mean_of_the_target_cross_entropies():
+    model = _tiny_model()
+    ids = torch.randint(5, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, :3] = IGNORE
+    batch = Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), labels, "longreq", 12)
+    inputs = blockdiff.block_inputs(batch, 4, 3, torch.Generator().manual_seed(2))
+    assert inputs.weights is None
+    weights = torch.ones_like(ids, dtype=torch.float)
+    weights[0, 5] = weights[1, 7] = 10.0
+    masked = torch.zeros_like(ids, dtype=torch.bool)
+    masked[:, 3:] = True                                    # every scored position masked
+    weighted = blockdiff.masked_layout(batch, 4, 3, masked, weights)
+    plain = dataclasses.replace(weighted, weights=None)
+    with torch.no_grad():
+        logits = model(weighted.ids, position_ids=weighted.positions, attn_mask=weighted.attn,
+                       logits_index=weighted.index).logits.flatten(0, 1)
+        ce = F.cross_entropy(logits, weighted.targets.flatten(), ignore_index=IGNORE,
+                             reduction="none")
+        w = weighted.weights.flatten() * (weighted.targets.flatten() != IGNORE)
+        want = float((ce * w).sum() / w.sum())
+        got = float(blockdiff.block_loss(model, weighted, "cpu"))
+        unweighted = float(blockdiff.block_loss(model, plain, "cpu"))
+    assert int((w == 10.0).sum()) == 2
+    assert math.isclose(got, want, rel_tol=1e-5)
+    assert not math.isclose(got, unweighted, rel_tol=1e-3)
+    ones = dataclasses.replace(weighted, weights=torch.ones_like(weighted.weights))
+    with torch.no_grad():
+        assert math.isclose(float(blockdiff.block_loss(model, ones, "cpu")), unweighted,
+                            rel_tol=1e-5)
+
+
+def test_train_checks_copy_weight_by_name(tmp_path):
+    from celeris.train import train
+    with pytest.raises(ValueError, match=r"copy_weight must be in \[1, 50\]"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="bd", copy_weight=0.5,
+              progress=False)
+    with pytest.raises(ValueError, match="copy_weight is a block-diffusion"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="ar", copy_weight=3.0,
+              progress=False)
+
+
+def test_a_bd_run_with_a_copy_weight_trains_and_logs_it(tmp_path, monkeypatch):
+    from celeris.train import train
+    monkeypatch.setenv("CELERIS_THREADS", "1")
+    train(tmp_path / "ar", preset="micro", seed=0, progress=False, steps=1, kind="ar")
+    run = train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
+                init_from=tmp_path / "ar", copy_weight=5.0,
+                mix="story=0,task=0,request=0,longreq=1")
+    log = json.loads((tmp_path / "bd" / "train_log.json").read_text())
+    assert log["train_config"]["copy_weight"] == 5.0
+    assert len(run["losses"]) == 2 and all(0 < x < 100 for x in run["losses"])
