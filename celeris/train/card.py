@@ -46,7 +46,7 @@ DIFFUSION_LIMITATIONS = (
 
 
 def _train_command(log: dict[str, Any]) -> str:
-    kind = " --kind ar" if log.get("kind") == "ar" else ""
+    kind = f" --kind {log['kind']}" if log.get("kind") in ("ar", "bd") else ""
     extra = f" --init-from {log['init_from']}" if log.get("init_from") else ""
     tc = log.get("train_config") or {}
     lr = tc.get("lr")
@@ -57,8 +57,23 @@ def _train_command(log: dict[str, Any]) -> str:
         extra += " --mix " + ",".join(f"{k}={v:g}" for k, v in tc["mix"].items())
     if tc.get("semi_ar_prob"):
         extra += f" --semi-ar-prob {tc['semi_ar_prob']:g}"
+    extra += _bd_options(log.get("kind"), tc)
     return (f"CELERIS_THREADS={log.get('threads', 1)} python -m celeris train{kind} "
             f"--out {log.get('out')} --steps {log.get('steps')} --seed {log.get('seed')}{extra}")
+
+
+def _bd_options(kind: str | None, tc: dict[str, Any]) -> str:
+    """The block-diffusion and self-distillation options of a run's command, where set."""
+    extra = ""
+    if kind == "bd" and tc.get("block_size"):
+        extra += f" --block-size {tc['block_size']}"
+    if tc.get("certainty"):
+        extra += f" --certainty {tc['certainty']:g}"
+    if tc.get("copy_weight", 1.0) != 1.0:
+        extra += f" --copy-weight {tc['copy_weight']:g}"
+    if tc.get("selfgen"):
+        extra += f" --selfgen {tc['selfgen']} --selfgen-prob {tc.get('selfgen_prob', 0):g}"
+    return extra
 
 
 def _init_lines(log: dict[str, Any]) -> list[str]:
