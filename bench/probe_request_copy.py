@@ -8,8 +8,11 @@ the stories suite's 40: 10, less one that starts with a vowel), the probability 
 requested adjective right after that opening: for a block-diffusion model in the training
 layout of ``celeris.train.blockdiff`` (the adjective masked, everything before it clean), for the AR
 twin with a plain causal forward. It prints p(requested), p(little) and how often the
-requested adjective is the argmax; a run can be probed while it trains (``celeris train
---snapshot``).
+requested adjective is the argmax, and for a block model two checks of where it looks: how far
+the adjective slot's distribution moves when the prompt asks for another adjective (max
+|dp|; 0 = the slot ignores the prompt) and p(kind) after "... there was a little" (the hero's
+kind, which the block models do copy from the prompt). A run can be probed while it trains
+(``celeris train --snapshot``).
 
     python bench/probe_request_copy.py models/celeris-tiny-bd runs/bd8a-1000 \\
         --ar models/celeris-tiny-ar [--json runs/probe.json]
@@ -31,9 +34,10 @@ from celeris.train.blockdiff import masked_layout  # noqa: E402
 from celeris.train.corpus import article, heldout_long_requests  # noqa: E402
 from celeris.train.data import IGNORE, Batch  # noqa: E402
 
-# (request text, the adjective it asks for): the held-out requests of the stories suite, less
-# the one whose adjective starts with a vowel ("old": "there was an" leaves no other choice)
-PAIRS = tuple((r.text, r.asks["adj"]) for r in heldout_long_requests(40)
+# (request text, the adjective and the kind it asks for): the held-out requests of the stories
+# suite, less the one whose adjective starts with a vowel ("old": "there was an" leaves no
+# other choice)
+PAIRS = tuple((r.text, r.asks["adj"], r.asks["kind"]) for r in heldout_long_requests(40)
               if "adj" in r.asks and r.asks["adj"][0] not in "aeiou")
 
 
@@ -42,18 +46,12 @@ def opening(adj: str) -> str:
     return f"Once upon a time, there was {article(adj)}"
 
 
-def _ids(encode_chat, encode, text: str, adj: str) -> tuple[list[int], list[int]]:
-    """(prompt ids, answer ids up to and including the adjective)."""
-    prompt = encode_chat([{"role": "user", "content": text}])
-    return prompt, encode(opening(adj))
-
-
-def block_probabilities(engine: Engine, text: str, adj: str) -> torch.Tensor:
-    """(V,) probabilities at the adjective's position, in the block-diffusion training layout."""
+def block_next(engine: Engine, request_text: str, answer: str) -> torch.Tensor:
+    """(V,) probabilities of the last token of ``answer`` (the reply to ``request_text`` so
+    far), read in the block-diffusion training layout: that token masked, the rest clean."""
     tok, model = engine.tokenizer, engine.model
-    prompt, answer = _ids(tok.encode_chat, lambda t: tok.encode(t, add_special_tokens=False),
-                          text, adj)
-    ids = torch.tensor([prompt + answer])                                      # (1, L)
+    prompt = tok.encode_chat([{"role": "user", "content": request_text}])
+    ids = torch.tensor([prompt + tok.encode(answer, add_special_tokens=False)])  # (1, L)
     labels = torch.full_like(ids, IGNORE)
     labels[0, len(prompt):] = ids[0, len(prompt):]
     batch = Batch(ids, None, labels != IGNORE, labels, "probe", ids.shape[1])
@@ -66,25 +64,70 @@ def block_probabilities(engine: Engine, text: str, adj: str) -> torch.Tensor:
     return logits.float().softmax(-1)
 
 
+def block_checks(engine: Engine, text: str, adj: str, kind: str, other_adj: str) -> dict:
+    """For one request: the adjective slot's probabilities, how far they move when the prompt
+    asks for ``other_adj`` instead (max |dp|: 0 = the slot ignores the prompt), and p(kind)
+    after "... there was a little" (the kind is copied from the prompt)."""
+    p = block_next(engine, text, opening(adj))
+    swapped = block_next(engine, text.replace(f" {adj} ", f" {other_adj} "), opening(adj))
+    kind_p = block_next(engine, text, f"{opening('little')} {kind}")
+    kind_id = engine.tokenizer.encode(f"{opening('little')} {kind}", add_special_tokens=False)
+    return {"probs": p, "swap_shift": float((p - swapped).abs().max()),
+            "p_kind": float(kind_p[kind_id[-1]])}
+
+
 def ar_probabilities(model, tok, text: str, adj: str) -> torch.Tensor:
-    def encode_chat(messages):
-        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                       return_dict=False)
-    prompt, answer = _ids(encode_chat, lambda t: tok.encode(t, add_special_tokens=False),
-                          text, adj)
+    """(V,) the twin's next-token probabilities after the opening, before the adjective."""
+    prompt = tok.apply_chat_template([{"role": "user", "content": text}],
+                                     add_generation_prompt=True, tokenize=True,
+                                     return_dict=False)
+    answer = tok.encode(opening(adj), add_special_tokens=False)
     ids = torch.tensor([prompt + answer[:-1]])
     with torch.no_grad():
         return model(ids).logits[0, -1].float().softmax(-1)
 
 
-def summarise(name: str, probs: list[tuple[str, torch.Tensor]], id_of) -> dict:
+def summarise(name: str, probs: list[tuple[str, torch.Tensor]], id_of,
+              extra: list[dict] | None = None) -> dict:
+    """The per-request rows of one model and their means; ``extra`` (block models) adds each
+    request's prompt-swap shift and p(kind)."""
     rows = [{"adj": adj, "p": float(p[id_of(adj)]), "p_little": float(p[id_of("little")]),
              "argmax": bool(int(p.argmax()) == id_of(adj))} for adj, p in probs]
+    for row, more in zip(rows, extra or []):
+        row.update(more)
     n = len(rows)
-    return {"model": name, "pairs": rows,
-            "mean_p_requested": sum(r["p"] for r in rows) / n,
-            "mean_p_little": sum(r["p_little"] for r in rows) / n,
-            "argmax_requested": sum(r["argmax"] for r in rows) / n}
+    out = {"model": name, "pairs": rows,
+           "mean_p_requested": sum(r["p"] for r in rows) / n,
+           "mean_p_little": sum(r["p_little"] for r in rows) / n,
+           "argmax_requested": sum(r["argmax"] for r in rows) / n}
+    if extra:
+        out["max_swap_shift"] = max(r["swap_shift"] for r in rows)
+        out["mean_p_kind"] = sum(r["p_kind"] for r in rows) / n
+    return out
+
+
+def probe_block(path: str) -> dict:
+    engine = Engine.from_pretrained(path, device="cpu")
+    tok = engine.tokenizer
+
+    def id_of(word):
+        return tok.encode(opening(word), add_special_tokens=False)[-1]
+    # each request's adjective swapped for the next request's (a different one) in the prompt
+    others = [PAIRS[(i + 1) % len(PAIRS)][1] for i in range(len(PAIRS))]
+    others = [o if o != a else "sleepy" for o, (_, a, _) in zip(others, PAIRS)]
+    checks = [block_checks(engine, t, a, k, o) for (t, a, k), o in zip(PAIRS, others)]
+    return summarise(path, [(a, c.pop("probs")) for (_, a, _), c in zip(PAIRS, checks)], id_of,
+                     checks)
+
+
+def probe_ar(path: str) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+
+    def id_of(word):
+        return tok.encode(opening(word), add_special_tokens=False)[-1]
+    return summarise(path, [(a, ar_probabilities(model, tok, t, a)) for t, a, _ in PAIRS], id_of)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -93,28 +136,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--ar", action="append", default=[], help="an AR twin (repeatable)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
-    out = []
-    for path in args.models:
-        engine = Engine.from_pretrained(path, device="cpu")
-        tok = engine.tokenizer
-
-        def id_of(word, tok=tok):
-            return tok.encode(opening(word), add_special_tokens=False)[-1]
-        out.append(summarise(path, [(a, block_probabilities(engine, t, a)) for t, a in PAIRS],
-                             id_of))
-    for path in args.ar:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path).eval()
-
-        def id_of(word, tok=tok):
-            return tok.encode(opening(word), add_special_tokens=False)[-1]
-        out.append(summarise(path, [(a, ar_probabilities(model, tok, t, a)) for t, a in PAIRS],
-                             id_of))
-    print(f"{'model':34s} {'p(requested)':>12s} {'p(little)':>9s} {'argmax=requested':>16s}")
+    out = [probe_block(p) for p in args.models] + [probe_ar(p) for p in args.ar]
+    print(f"{'model':26s} {'p(requested)':>12s} {'p(little)':>9s} {'argmax=req':>10s} "
+          f"{'swap shift':>10s} {'p(kind)':>7s}")
     for r in out:
-        print(f"{r['model']:34s} {r['mean_p_requested']:12.3f} {r['mean_p_little']:9.3f} "
-              f"{r['argmax_requested']:16.0%}")
+        shift = f"{r['max_swap_shift']:10.1e}" if "max_swap_shift" in r else f"{'-':>10s}"
+        kind = f"{r['mean_p_kind']:7.3f}" if "mean_p_kind" in r else f"{'-':>7s}"
+        print(f"{r['model']:26s} {r['mean_p_requested']:12.3f} {r['mean_p_little']:9.3f} "
+              f"{r['argmax_requested']:10.0%} {shift} {kind}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return out

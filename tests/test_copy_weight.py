@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from celeris.train import blockdiff, copyweight
 from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batch
+from tests.tiny_model import tiny_block_model
 
 SHIPPED = "models/celeris-tiny-bd"
 
@@ -95,18 +96,8 @@ def test_weights_only_for_request_sources_and_a_weight_above_one(tok, template):
     assert copyweight.weights_for(ids, scored, real, "longreq", None, 4.0) is None
 
 
-def _tiny_model():
-    from celeris import CelerisConfig, CelerisForMaskedDiffusion
-    torch.manual_seed(0)
-    cfg = CelerisConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
-                        num_hidden_layers=1, num_attention_heads=2, shift_logits=True,
-                        attention="block_causal", block_size=4, mask_token_id=3,
-                        initializer_range=1.0)
-    return CelerisForMaskedDiffusion(cfg).eval()
-
-
 def test_block_loss_is_the_weighted_mean_of_the_target_cross_entropies():
-    model = _tiny_model()
+    model = tiny_block_model()
     ids = torch.randint(5, 32, (2, 12), generator=torch.Generator().manual_seed(1))
     labels = ids.clone()
     labels[:, :3] = IGNORE

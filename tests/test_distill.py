@@ -171,14 +171,9 @@ def test_right_entropy_averages_only_the_right_predictions():
 
 
 def test_certainty_adds_its_weight_times_the_right_entropy():
-    from celeris import CelerisConfig, CelerisForMaskedDiffusion
     from celeris.train.data import Batch
-    torch.manual_seed(0)
-    cfg = CelerisConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
-                        num_hidden_layers=1, num_attention_heads=2, shift_logits=True,
-                        attention="block_causal", block_size=4, mask_token_id=3,
-                        initializer_range=1.0)
-    model = CelerisForMaskedDiffusion(cfg).eval()
+    from tests.tiny_model import tiny_block_model
+    model = tiny_block_model()
     ids = torch.randint(5, 32, (2, 12), generator=torch.Generator().manual_seed(1))
     labels = ids.clone()
     labels[:, :2] = IGNORE

@@ -75,3 +75,18 @@ def _train_tokenizer(merges: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer=trainer)
     return tok
+
+
+def tiny_block_model():
+    """A random one-layer block-causal model (vocab 32, blocks of 4, [MASK] = 3) in eval mode,
+    for loss tests in the block-diffusion training layout."""
+    import torch
+
+    from celeris import CelerisConfig, CelerisForMaskedDiffusion
+    torch.manual_seed(0)
+    cfg = CelerisConfig(vocab_size=32, hidden_size=32, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=2, shift_logits=True,
+                        attention="block_causal", block_size=4, mask_token_id=3,
+                        initializer_range=1.0)
+    return CelerisForMaskedDiffusion(cfg).eval()
+
