@@ -110,6 +110,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("tokens_per_batch", args.tokens_per_batch),
                                              ("certainty", args.certainty),
                                              ("copy_weight", args.copy_weight),
+                                             ("ar_weight", args.ar_weight),
                                              ("block_sizes", args.block_sizes),
                                              ("selfgen", args.selfgen),
                                              ("selfgen_prob", args.selfgen_prob))
@@ -258,6 +259,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="bd: loss weight (1-50, default 1) of the answer tokens a story "
                         "request asks for (first mention of a prompt word that is not part "
                         "of the request templates)")
+    p.add_argument("--ar-weight", type=float, default=None, metavar="W",
+                   help="bd: add W (0-10, default 0) times the twin's causal next-token loss "
+                        "of the same weights on the same batch")
     p.add_argument("--selfgen", default=None, metavar="JSONL",
                    help="self-distillation: a `celeris distill-data` file whose answers the "
                         "model wrote itself")

@@ -1,4 +1,5 @@
-"""The block-diffusion loss weight on the words a story request asks for (``--copy-weight``)."""
+"""Block-diffusion training options for what a request asks: the loss weight on its words
+(``--copy-weight``) and the twin's causal loss beside the block loss (``--ar-weight``)."""
 
 from __future__ import annotations
 
@@ -147,4 +148,54 @@ def test_a_bd_run_with_a_copy_weight_trains_and_logs_it(tmp_path, monkeypatch):
                 mix="story=0,task=0,request=0,longreq=1")
     log = json.loads((tmp_path / "bd" / "train_log.json").read_text())
     assert log["train_config"]["copy_weight"] == 5.0
+    assert len(run["losses"]) == 2 and all(0 < x < 100 for x in run["losses"])
+
+
+# ----------------------------------------------------------------------------- --ar-weight
+def test_causal_loss_of_the_twins_weights_is_the_twins_own_loss():
+    """The twin's weights copied into a block model: ``causal_loss`` on a batch equals the
+    twin's next-token loss through transformers on the same batch (so the block model is read
+    exactly causally: no position sees its own target or anything after it)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from celeris.train import stream as _stream
+    from celeris.train.checkpoints import load_init_weights
+    from celeris.train.data import Batcher
+    from celeris.train.trainer import ar_step_loss, build_model, round_vocab
+    twin_dir = Path("models/celeris-tiny-ar")
+    tok = tt.load_raw(twin_dir)
+    stream = _stream.Stream(seed=3, mix=_stream.Mix.from_weights("story=0,request=0,task=0.5,"
+                                                                 "longreq=0.5"))
+    batcher = Batcher(tok, stream, tokens_per_batch=1024, prefix_prob=0.25)
+    block = build_model("bd", "tiny", round_vocab(tok.get_vocab_size()), 4).eval()
+    load_init_weights(block, twin_dir)
+    twin = AutoModelForCausalLM.from_pretrained(str(twin_dir)).eval()
+    sources = set()
+    for _ in range(3):
+        batch = batcher.next()
+        sources.add(batch.source)
+        with torch.no_grad():
+            mine = float(blockdiff.causal_loss(block, batch, "cpu"))
+            theirs = float(ar_step_loss(twin, batch, "cpu"))
+        assert math.isclose(mine, theirs, rel_tol=2e-3, abs_tol=5e-4), (batch.source, mine,
+                                                                          theirs)
+    assert sources == {"task", "longreq"}
+
+
+def test_train_checks_ar_weight_and_logs_it(tmp_path, monkeypatch):
+    from celeris.train import train
+    from celeris.train.card import _train_command
+    with pytest.raises(ValueError, match=r"ar_weight must be in \[0, 10\]"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="bd", ar_weight=-1, progress=False)
+    with pytest.raises(ValueError, match="ar_weight is a block-diffusion"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="ar", ar_weight=0.5,
+              progress=False)
+    monkeypatch.setenv("CELERIS_THREADS", "1")
+    run = train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
+                ar_weight=0.5)
+    log = json.loads((tmp_path / "bd" / "train_log.json").read_text())
+    assert log["train_config"]["ar_weight"] == 0.5
+    assert "--ar-weight 0.5" in _train_command(log)
     assert len(run["losses"]) == 2 and all(0 < x < 100 for x in run["losses"])

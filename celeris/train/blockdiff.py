@@ -174,6 +174,34 @@ def block_loss(model, inputs: BlockInputs, device: str, certainty: float = 0.0
     return loss
 
 
+def causal_loss(model, batch: Batch, device: str) -> torch.Tensor:
+    """Next-token cross-entropy of the same weights read causally (each position sees only the
+    ones before it, as the AR twin does) on the batch's targets: the twin's own objective,
+    added to the block loss with ``--ar-weight``.
+
+    Why: the twin's weights read as a block model still copy the adjective a request asks for,
+    and block-diffusion training alone erases that copy while the twin's objective keeps it
+    (docs/BENCHMARKS.md, session 16); training both objectives on shared weights keeps the
+    causal skill in the weights the block decoder uses."""
+    batch = trim_to_targets(batch)
+    ids = batch.input_ids                                                       # (B, L)
+    B, L = ids.shape
+    real = _real(batch)
+    causal = torch.ones(L, L, dtype=torch.bool).tril()                          # (L, L)
+    attn = causal[None, None] & real[:, None, None, :]                          # (B, 1, L, L)
+    attn = attn | ~attn.any(-1, keepdim=True)      # padding rows see everything (no NaN)
+    scored = _targets(batch.labels)
+    n = max(1, int(scored.sum(1).max()))
+    order = torch.argsort((~scored).to(torch.int8), dim=1, stable=True)[:, :n]  # (B, n)
+    targets = torch.where(scored.gather(1, order), ids.gather(1, order),
+                          torch.full_like(order, IGNORE))
+    # the model shifts by one column itself: column j's logits come from the state at j-1
+    logits = model(ids.to(device), position_ids=positions(batch.attention_mask, ids).to(device),
+                   attn_mask=attn.to(device), logits_index=order.to(device)).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.to(device).flatten(),
+                           ignore_index=IGNORE)
+
+
 def right_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean entropy (nats) of the rows of ``logits`` (N, V) whose argmax equals their target;
     0 when there is none (ignored targets never count)."""

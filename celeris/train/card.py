@@ -71,6 +71,8 @@ def _bd_options(kind: str | None, tc: dict[str, Any]) -> str:
         extra += f" --certainty {tc['certainty']:g}"
     if tc.get("copy_weight", 1.0) != 1.0:
         extra += f" --copy-weight {tc['copy_weight']:g}"
+    if tc.get("ar_weight"):
+        extra += f" --ar-weight {tc['ar_weight']:g}"
     if tc.get("selfgen"):
         extra += f" --selfgen {tc['selfgen']} --selfgen-prob {tc.get('selfgen_prob', 0):g}"
     return extra
