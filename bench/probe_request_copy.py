@@ -11,8 +11,10 @@ twin with a plain causal forward. It prints p(requested), p(little) and how ofte
 requested adjective is the argmax, and for a block model two checks of where it looks: how far
 the adjective slot's distribution moves when the prompt asks for another adjective (max
 |dp|; 0 = the slot ignores the prompt) and p(kind) after "... there was a little" (the hero's
-kind, which the block models do copy from the prompt). A run can be probed while it trains
-(``celeris train --snapshot``).
+kind, which the block models do copy from the prompt), and p(requested) with the block model's
+weights read causally, as the twin reads them. ``--by-position`` adds p(requested) by the
+adjective's place in its block. A run can be probed while it trains (``celeris train
+--snapshot``).
 
     python bench/probe_request_copy.py models/celeris-tiny-bd runs/bd8a-1000 \\
         --ar models/celeris-tiny-ar [--json runs/probe.json]
@@ -64,6 +66,40 @@ def block_next(engine: Engine, request_text: str, answer: str) -> torch.Tensor:
     return logits.float().softmax(-1)
 
 
+def causal_next(engine: Engine, request_text: str, answer: str) -> torch.Tensor:
+    """(V,) probabilities of the last token of ``answer`` with the block model's weights read
+    causally (each position sees only the ones before it: the twin's reading)."""
+    tok, model = engine.tokenizer, engine.model
+    prompt = tok.encode_chat([{"role": "user", "content": request_text}])
+    ids = torch.tensor([prompt + tok.encode(answer, add_special_tokens=False)])  # (1, L)
+    L = ids.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool).tril()[None, None]             # (1, 1, L, L)
+    with torch.no_grad():
+        logits = model(ids, position_ids=torch.arange(L)[None], attn_mask=causal,
+                       logits_index=torch.tensor([[L - 1]])).logits[0, 0]
+    return logits.float().softmax(-1)
+
+
+# words put before a request to move its answer, and so the adjective, within the blocks
+SHIFTS = ("", "Now ", "Now please ", "Now please, ", "Hello. Now please ", "Hello! Now, please ")
+
+
+def by_block_position(engine: Engine) -> dict[int, float]:
+    """Mean p(requested adjective) by the adjective's place in its block (0 = a block's first
+    position, read from the clean previous block as the engine does; 1.. = read from the
+    noisy left neighbour), each request shifted by the words of ``SHIFTS``."""
+    tok, size = engine.tokenizer, engine.model.config.block_size
+    seen: dict[int, list[float]] = {}
+    for text, adj, _ in PAIRS:
+        for shift in SHIFTS:
+            prompt = tok.encode_chat([{"role": "user", "content": shift + text}])
+            answer = tok.encode(opening(adj), add_special_tokens=False)
+            place = (len(prompt) + len(answer) - 1) % size       # positions count from 0
+            p = block_next(engine, shift + text, opening(adj))[answer[-1]]
+            seen.setdefault(place, []).append(float(p))
+    return {k: sum(v) / len(v) for k, v in sorted(seen.items())}
+
+
 def block_checks(engine: Engine, text: str, adj: str, kind: str, other_adj: str) -> dict:
     """For one request: the adjective slot's probabilities, how far they move when the prompt
     asks for ``other_adj`` instead (max |dp|: 0 = the slot ignores the prompt), and p(kind)
@@ -71,9 +107,11 @@ def block_checks(engine: Engine, text: str, adj: str, kind: str, other_adj: str)
     p = block_next(engine, text, opening(adj))
     swapped = block_next(engine, text.replace(f" {adj} ", f" {other_adj} "), opening(adj))
     kind_p = block_next(engine, text, f"{opening('little')} {kind}")
+    causal = causal_next(engine, text, opening(adj))
     kind_id = engine.tokenizer.encode(f"{opening('little')} {kind}", add_special_tokens=False)
+    adj_id = engine.tokenizer.encode(opening(adj), add_special_tokens=False)[-1]
     return {"probs": p, "swap_shift": float((p - swapped).abs().max()),
-            "p_kind": float(kind_p[kind_id[-1]])}
+            "p_kind": float(kind_p[kind_id[-1]]), "p_causal": float(causal[adj_id])}
 
 
 def ar_probabilities(model, tok, text: str, adj: str) -> torch.Tensor:
@@ -103,10 +141,11 @@ def summarise(name: str, probs: list[tuple[str, torch.Tensor]], id_of,
     if extra:
         out["max_swap_shift"] = max(r["swap_shift"] for r in rows)
         out["mean_p_kind"] = sum(r["p_kind"] for r in rows) / n
+        out["mean_p_requested_causal"] = sum(r["p_causal"] for r in rows) / n
     return out
 
 
-def probe_block(path: str) -> dict:
+def probe_block(path: str, positions: bool = False) -> dict:
     engine = Engine.from_pretrained(path, device="cpu")
     tok = engine.tokenizer
 
@@ -116,8 +155,11 @@ def probe_block(path: str) -> dict:
     others = [PAIRS[(i + 1) % len(PAIRS)][1] for i in range(len(PAIRS))]
     others = [o if o != a else "sleepy" for o, (_, a, _) in zip(others, PAIRS)]
     checks = [block_checks(engine, t, a, k, o) for (t, a, k), o in zip(PAIRS, others)]
-    return summarise(path, [(a, c.pop("probs")) for (_, a, _), c in zip(PAIRS, checks)], id_of,
-                     checks)
+    out = summarise(path, [(a, c.pop("probs")) for (_, a, _), c in zip(PAIRS, checks)], id_of,
+                    checks)
+    if positions:
+        out["p_requested_by_block_position"] = by_block_position(engine)
+    return out
 
 
 def probe_ar(path: str) -> dict:
@@ -135,15 +177,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("models", nargs="*", help="block-diffusion model directories")
     ap.add_argument("--ar", action="append", default=[], help="an AR twin (repeatable)")
     ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--by-position", action="store_true",
+                    help="block models: also p(requested) by the adjective's place in its "
+                         "block (each request shifted by a few words)")
     args = ap.parse_args(argv)
-    out = [probe_block(p) for p in args.models] + [probe_ar(p) for p in args.ar]
+    out = [probe_block(p, args.by_position) for p in args.models] + [probe_ar(p)
+                                                                     for p in args.ar]
     print(f"{'model':26s} {'p(requested)':>12s} {'p(little)':>9s} {'argmax=req':>10s} "
-          f"{'swap shift':>10s} {'p(kind)':>7s}")
+          f"{'swap shift':>10s} {'p(kind)':>7s} {'causal p(req)':>13s}")
     for r in out:
         shift = f"{r['max_swap_shift']:10.1e}" if "max_swap_shift" in r else f"{'-':>10s}"
         kind = f"{r['mean_p_kind']:7.3f}" if "mean_p_kind" in r else f"{'-':>7s}"
+        causal = (f"{r['mean_p_requested_causal']:13.3f}" if "mean_p_requested_causal" in r
+                  else f"{'-':>13s}")
         print(f"{r['model']:26s} {r['mean_p_requested']:12.3f} {r['mean_p_little']:9.3f} "
-              f"{r['argmax_requested']:10.0%} {shift} {kind}")
+              f"{r['argmax_requested']:10.0%} {shift} {kind} {causal}")
+        if "p_requested_by_block_position" in r:
+            places = r["p_requested_by_block_position"]
+            print(f"{'':26s} p(requested) by place in block: " + ", ".join(
+                f"{k}: {v:.3f}" for k, v in places.items()))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     return out

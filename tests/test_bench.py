@@ -222,7 +222,23 @@ def test_request_copy_probe_reads_the_requested_adjective_for_both_kinds(tmp_pat
     # the shipped pair's known state (docs/BENCHMARKS.md, session 16): "little" whatever is
     # asked, while the block model copies the hero's kind from the same prompts
     assert all(r["mean_p_little"] > 0.5 > r["mean_p_requested"] for r in rows)
-    assert block["mean_p_kind"] > 0.5
+    assert block["mean_p_kind"] > 0.5 and 0 <= block["mean_p_requested_causal"] < 0.5
+
+
+def test_request_copy_probe_reads_a_twin_in_a_block_model_causally_as_the_twin(tmp_path,
+                                                                              one_thread):  # noqa: F811
+    """The twin's weights in a block model (block 4, one step at lr 1e-9): read causally, the
+    probe gives the twin's own p(requested) through transformers; and --by-position reports
+    every place of a 4-block."""
+    from celeris.train import train
+    probe = _bench_script("probe_request_copy")
+    train(tmp_path / "bd0", preset="tiny", steps=1, kind="bd", block_size=4,
+          init_from="models/celeris-tiny-ar", lr=1e-9, progress=False, eval_stories=2)
+    block, twin = probe.main([str(tmp_path / "bd0"), "--by-position",
+                              "--ar", "models/celeris-tiny-ar"])
+    assert block["mean_p_requested_causal"] == pytest.approx(twin["mean_p_requested"],
+                                                             rel=1e-2)
+    assert sorted(block["p_requested_by_block_position"]) == [0, 1, 2, 3]
 
 
 @pytest.mark.browser
