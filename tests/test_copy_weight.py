@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from celeris.train import blockdiff, copyweight
 from celeris.train import tokenizer_train as tt
-from celeris.train.data import IGNORE, Batch
-from tests.tiny_model import tiny_block_model
+from celeris.train.data import IGNORE
+from tests.tiny_model import tiny_block_batch, tiny_block_model
 
 SHIPPED = "models/celeris-tiny-bd"
 
@@ -99,10 +99,8 @@ def test_weights_only_for_request_sources_and_a_weight_above_one(tok, template):
 
 def test_block_loss_is_the_weighted_mean_of_the_target_cross_entropies():
     model = tiny_block_model()
-    ids = torch.randint(5, 32, (2, 12), generator=torch.Generator().manual_seed(1))
-    labels = ids.clone()
-    labels[:, :3] = IGNORE
-    batch = Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), labels, "longreq", 12)
+    batch = tiny_block_batch("longreq", unscored=3)
+    ids = batch.input_ids
     inputs = blockdiff.block_inputs(batch, 4, 3, torch.Generator().manual_seed(2))
     assert inputs.weights is None
     weights = torch.ones_like(ids, dtype=torch.float)

@@ -171,13 +171,9 @@ def test_right_entropy_averages_only_the_right_predictions():
 
 
 def test_certainty_adds_its_weight_times_the_right_entropy():
-    from celeris.train.data import Batch
-    from tests.tiny_model import tiny_block_model
+    from tests.tiny_model import tiny_block_batch, tiny_block_model
     model = tiny_block_model()
-    ids = torch.randint(5, 32, (2, 12), generator=torch.Generator().manual_seed(1))
-    labels = ids.clone()
-    labels[:, :2] = IGNORE
-    batch = Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), labels, "story", 12)
+    batch = tiny_block_batch("story", unscored=2)
     inputs = blockdiff.block_inputs(batch, 4, 3, torch.Generator().manual_seed(2))
     with torch.no_grad():
         logits = model(inputs.ids, position_ids=inputs.positions, attn_mask=inputs.attn,

@@ -90,3 +90,15 @@ def tiny_block_model():
                         initializer_range=1.0)
     return CelerisForMaskedDiffusion(cfg).eval()
 
+
+def tiny_block_batch(source: str, unscored: int):
+    """Two random rows of 12 tokens for ``tiny_block_model`` (ids 5-31), the first
+    ``unscored`` positions of each a prompt (label -100), one batch of ``source``."""
+    import torch
+
+    from celeris.train.data import IGNORE, Batch
+    ids = torch.randint(5, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, :unscored] = IGNORE
+    return Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), labels, source, 12)
+
