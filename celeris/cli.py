@@ -111,6 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("certainty", args.certainty),
                                              ("copy_weight", args.copy_weight),
                                              ("ar_weight", args.ar_weight),
+                                             ("mask_floor", args.mask_floor),
                                              ("block_sizes", args.block_sizes),
                                              ("selfgen", args.selfgen),
                                              ("selfgen_prob", args.selfgen_prob))
@@ -262,6 +263,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ar-weight", type=float, default=None, metavar="W",
                    help="bd: add W (0-10, default 0) times the twin's causal next-token loss "
                         "of the same weights on the same batch")
+    p.add_argument("--mask-floor", type=float, default=None, metavar="T",
+                   help="bd: lowest masking rate a block draws (0-1, default 0; 1 masks every "
+                        "target: with --block-size 1 that is the twin's objective)")
     p.add_argument("--selfgen", default=None, metavar="JSONL",
                    help="self-distillation: a `celeris distill-data` file whose answers the "
                         "model wrote itself")

@@ -197,3 +197,32 @@ def test_train_checks_ar_weight_and_logs_it(tmp_path, monkeypatch):
     assert log["train_config"]["ar_weight"] == 0.5
     assert "--ar-weight 0.5" in _train_command(log)
     assert len(run["losses"]) == 2 and all(0 < x < 100 for x in run["losses"])
+
+
+def test_blocks_of_one_with_every_target_masked_are_the_twins_objective():
+    """--block-size 1 --mask-floor 1: every target is masked and read from the clean state
+    before it, so the block loss is the causal next-token loss of the same weights."""
+    model = tiny_block_model()
+    batch = tiny_block_batch("longreq", unscored=3)
+    inputs = blockdiff.block_inputs(batch, 1, 3, torch.Generator().manual_seed(0), eps=1.0)
+    assert inputs.masked_frac == 1.0
+    with torch.no_grad():
+        block = float(blockdiff.block_loss(model, inputs, "cpu"))
+        causal = float(blockdiff.causal_loss(model, batch, "cpu"))
+        partial = blockdiff.block_inputs(batch, 1, 3, torch.Generator().manual_seed(0))
+    assert math.isclose(block, causal, rel_tol=1e-5)
+    assert partial.masked_frac < 1.0
+
+
+def test_train_checks_mask_floor(tmp_path):
+    from celeris.train import train
+    from celeris.train.card import _train_command
+    with pytest.raises(ValueError, match=r"mask_floor must be in \[0, 1\]"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="bd", mask_floor=1.5,
+              progress=False)
+    with pytest.raises(ValueError, match="mask_floor is a block-diffusion"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="ar", mask_floor=0.5,
+              progress=False)
+    log = {"kind": "bd", "out": "runs/b1", "steps": 300, "seed": 1, "threads": 1,
+           "train_config": {"block_size": 1, "mask_floor": 1.0}}
+    assert _train_command(log).endswith("--block-size 1 --mask-floor 1")

@@ -73,6 +73,8 @@ def _bd_options(kind: str | None, tc: dict[str, Any]) -> str:
         extra += f" --copy-weight {tc['copy_weight']:g}"
     if tc.get("ar_weight"):
         extra += f" --ar-weight {tc['ar_weight']:g}"
+    if tc.get("mask_floor"):
+        extra += f" --mask-floor {tc['mask_floor']:g}"
     if tc.get("selfgen"):
         extra += f" --selfgen {tc['selfgen']} --selfgen-prob {tc.get('selfgen_prob', 0):g}"
     return extra
