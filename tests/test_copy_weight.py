@@ -127,14 +127,18 @@ def test_block_loss_is_the_weighted_mean_of_the_target_cross_entropies():
                             rel_tol=1e-5)
 
 
-def test_train_checks_copy_weight_by_name(tmp_path):
+@pytest.mark.parametrize("name, bad, allowed, good", [
+    ("copy_weight", 0.5, r"\[1, 50\]", 3.0), ("ar_weight", -1, r"\[0, 10\]", 0.5),
+    ("mask_floor", 1.5, r"\[0, 1\]", 0.5)])
+def test_train_checks_the_block_options_by_name(tmp_path, name, bad, allowed, good):
+    """Each block-diffusion option: out of range -> an error naming it and its range; on a
+    twin (kind="ar") -> an error saying it is a block-diffusion setting."""
     from celeris.train import train
-    with pytest.raises(ValueError, match=r"copy_weight must be in \[1, 50\]"):
-        train(tmp_path / "x", preset="micro", steps=1, kind="bd", copy_weight=0.5,
-              progress=False)
-    with pytest.raises(ValueError, match="copy_weight is a block-diffusion"):
-        train(tmp_path / "x", preset="micro", steps=1, kind="ar", copy_weight=3.0,
-              progress=False)
+    with pytest.raises(ValueError, match=f"{name} must be in {allowed}"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="bd", progress=False, **{name: bad})
+    with pytest.raises(ValueError, match=f"{name} is a block-diffusion"):
+        train(tmp_path / "x", preset="micro", steps=1, kind="ar", progress=False,
+              **{name: good})
 
 
 def test_a_bd_run_with_a_copy_weight_trains_and_logs_it(tmp_path, monkeypatch):
@@ -182,14 +186,9 @@ def test_causal_loss_of_the_twins_weights_is_the_twins_own_loss():
     assert sources == {"task", "longreq"}
 
 
-def test_train_checks_ar_weight_and_logs_it(tmp_path, monkeypatch):
+def test_a_bd_run_with_an_ar_weight_trains_and_logs_it(tmp_path, monkeypatch):
     from celeris.train import train
     from celeris.train.card import _train_command
-    with pytest.raises(ValueError, match=r"ar_weight must be in \[0, 10\]"):
-        train(tmp_path / "x", preset="micro", steps=1, kind="bd", ar_weight=-1, progress=False)
-    with pytest.raises(ValueError, match="ar_weight is a block-diffusion"):
-        train(tmp_path / "x", preset="micro", steps=1, kind="ar", ar_weight=0.5,
-              progress=False)
     monkeypatch.setenv("CELERIS_THREADS", "1")
     run = train(tmp_path / "bd", preset="micro", seed=0, progress=False, steps=2, kind="bd",
                 ar_weight=0.5)
@@ -214,15 +213,8 @@ def test_blocks_of_one_with_every_target_masked_are_the_twins_objective():
     assert partial.masked_frac < 1.0
 
 
-def test_train_checks_mask_floor(tmp_path):
-    from celeris.train import train
+def test_the_card_command_names_the_mask_floor():
     from celeris.train.card import _train_command
-    with pytest.raises(ValueError, match=r"mask_floor must be in \[0, 1\]"):
-        train(tmp_path / "x", preset="micro", steps=1, kind="bd", mask_floor=1.5,
-              progress=False)
-    with pytest.raises(ValueError, match="mask_floor is a block-diffusion"):
-        train(tmp_path / "x", preset="micro", steps=1, kind="ar", mask_floor=0.5,
-              progress=False)
     log = {"kind": "bd", "out": "runs/b1", "steps": 300, "seed": 1, "threads": 1,
            "train_config": {"block_size": 1, "mask_floor": 1.0}}
     assert _train_command(log).endswith("--block-size 1 --mask-floor 1")
