@@ -100,11 +100,8 @@ def masked_layout(batch: Batch, block_size: int, mask_id: int, masked: torch.Ten
     # position the clean previous block
     first = pos % block_size == 0
     column = torch.arange(L).expand(B, L) + torch.where(first, L, 0)            # (B, L)
-    n = int(masked.sum(1).max()) if masked.any() else 1
-    order = torch.argsort((~masked).to(torch.int8), dim=1, stable=True)[:, :n]  # masked first
+    order, targets = _chosen_targets(ids, masked)                              # (B, N)
     index = column.gather(1, order)
-    targets = torch.where(masked.gather(1, order), ids.gather(1, order),
-                          torch.full_like(order, IGNORE))
     frac = float(masked.sum()) / max(1, int(scored.sum()))
     w = None if weights is None else weights.gather(1, order)                  # (B, N)
     return BlockInputs(torch.cat([noisy, ids], 1), torch.cat([pos, pos], 1), attn, index,
@@ -116,6 +113,17 @@ def _real(batch: Batch) -> torch.Tensor:
     if batch.attention_mask is None:
         return torch.ones_like(batch.input_ids, dtype=torch.bool)
     return batch.attention_mask.bool()
+
+
+def _chosen_targets(ids: torch.Tensor, chosen: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order, targets), each (B, N) with N the most ``chosen`` positions of a row: the chosen
+    columns of each row first, in column order, and their tokens (IGNORE past a row's own)."""
+    n = max(1, int(chosen.sum(1).max()))
+    order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :n]  # chosen first
+    targets = torch.where(chosen.gather(1, order), ids.gather(1, order),
+                          torch.full_like(order, IGNORE))
+    return order, targets
 
 
 def _targets(labels: torch.Tensor) -> torch.Tensor:
@@ -180,9 +188,9 @@ def causal_loss(model, batch: Batch, device: str) -> torch.Tensor:
     added to the block loss with ``--ar-weight``.
 
     Why: the twin's weights read as a block model still copy the adjective a request asks for,
-    and block-diffusion training alone erases that copy while the twin's objective keeps it
-    (docs/BENCHMARKS.md, session 16); training both objectives on shared weights keeps the
-    causal skill in the weights the block decoder uses."""
+    and block-diffusion training erases that copy while the twin's objective alone keeps it.
+    Training both on shared weights was the test of whether the causal signal protects it: at
+    weights 1 and 0.3 it did not (docs/BENCHMARKS.md, session 16)."""
     batch = trim_to_targets(batch)
     ids = batch.input_ids                                                       # (B, L)
     B, L = ids.shape
@@ -190,11 +198,7 @@ def causal_loss(model, batch: Batch, device: str) -> torch.Tensor:
     causal = torch.ones(L, L, dtype=torch.bool).tril()                          # (L, L)
     attn = causal[None, None] & real[:, None, None, :]                          # (B, 1, L, L)
     attn = attn | ~attn.any(-1, keepdim=True)      # padding rows see everything (no NaN)
-    scored = _targets(batch.labels)
-    n = max(1, int(scored.sum(1).max()))
-    order = torch.argsort((~scored).to(torch.int8), dim=1, stable=True)[:, :n]  # (B, n)
-    targets = torch.where(scored.gather(1, order), ids.gather(1, order),
-                          torch.full_like(order, IGNORE))
+    order, targets = _chosen_targets(ids, _targets(batch.labels))              # (B, N)
     # the model shifts by one column itself: column j's logits come from the state at j-1
     logits = model(ids.to(device), position_ids=positions(batch.attention_mask, ids).to(device),
                    attn_mask=attn.to(device), logits_index=order.to(device)).logits
