@@ -112,6 +112,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("copy_weight", args.copy_weight),
                                              ("ar_weight", args.ar_weight),
                                              ("mask_floor", args.mask_floor),
+                                             ("masking", args.masking),
                                              ("block_sizes", args.block_sizes),
                                              ("selfgen", args.selfgen),
                                              ("selfgen_prob", args.selfgen_prob))
@@ -266,6 +267,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mask-floor", type=float, default=None, metavar="T",
                    help="bd: lowest masking rate a block draws (0-1, default 0; 1 masks every "
                         "target: with --block-size 1 that is the twin's objective)")
+    p.add_argument("--masking", choices=("random", "suffix"), default=None,
+                   help="bd: which targets of a block are hidden: random (each at the block's "
+                        "rate; default) or suffix (a clean prefix and a hidden rest, the states "
+                        "left-to-right decoding shows the model)")
     p.add_argument("--selfgen", default=None, metavar="JSONL",
                    help="self-distillation: a `celeris distill-data` file whose answers the "
                         "model wrote itself")

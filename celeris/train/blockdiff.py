@@ -62,17 +62,30 @@ def trim_to_targets(batch: Batch) -> Batch:
                  cut(batch.labels), batch.source, end, cut(batch.forced))
 
 
+MASKINGS = ("random", "suffix")
+
+
 def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generator,
-                 eps: float = EPS, copy: tuple[torch.Tensor, float] | None = None
-                 ) -> BlockInputs:
-    """A training batch: each block's scored positions masked at its own rate t ~ U(eps, 1).
+                 eps: float = EPS, copy: tuple[torch.Tensor, float] | None = None,
+                 masking: str = "random") -> BlockInputs:
+    """A training batch. ``masking="random"``: each block's scored positions masked at its
+    own rate t ~ U(eps, 1). ``masking="suffix"``: each block masks its scored positions from a
+    place k ~ U{0..block_size-1} on, a clean prefix and a masked rest, the only states that
+    left-to-right decoding (``decoding="ltr"``, the default) ever shows the model.
     ``copy`` = (template tokens, weight) weights the request's words (``copyweight``)."""
+    if masking not in MASKINGS:
+        raise ValueError(f"masking must be one of {', '.join(MASKINGS)}, got {masking!r}")
     batch = trim_to_targets(batch)
     B, L = batch.input_ids.shape
-    blk = positions(batch.attention_mask, batch.input_ids) // block_size        # (B, L)
-    t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - eps) + eps      # (B, nblocks)
-    u = torch.rand(B, L, generator=gen)
-    masked = (u < t.gather(1, blk)) & _targets(batch.labels)                    # (B, L)
+    pos = positions(batch.attention_mask, batch.input_ids)                      # (B, L)
+    blk = pos // block_size                                                     # (B, L)
+    if masking == "suffix":
+        k = torch.randint(block_size, (B, int(blk.max()) + 1), generator=gen)    # (B, nblocks)
+        hidden = pos % block_size >= k.gather(1, blk)
+    else:
+        t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - eps) + eps  # (B, nblocks)
+        hidden = torch.rand(B, L, generator=gen) < t.gather(1, blk)
+    masked = hidden & _targets(batch.labels)                                    # (B, L)
     weights = None
     if copy is not None:
         weights = copyweight.weights_for(batch.input_ids, _targets(batch.labels),

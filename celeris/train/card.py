@@ -75,6 +75,8 @@ def _bd_options(kind: str | None, tc: dict[str, Any]) -> str:
         extra += f" --ar-weight {tc['ar_weight']:g}"
     if tc.get("mask_floor"):
         extra += f" --mask-floor {tc['mask_floor']:g}"
+    if tc.get("masking", "random") != "random":
+        extra += f" --masking {tc['masking']}"
     if tc.get("selfgen"):
         extra += f" --selfgen {tc['selfgen']} --selfgen-prob {tc.get('selfgen_prob', 0):g}"
     return extra

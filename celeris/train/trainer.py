@@ -57,14 +57,14 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
                  semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
                  eval_stories=128, block_size=8, block_sizes=None, certainty=0.0,
-                 copy_weight=1.0, ar_weight=0.0, mask_floor=0.0, selfgen=None, selfgen_prob=0.0,
-                 log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
+                 copy_weight=1.0, ar_weight=0.0, mask_floor=0.0, masking="random",
+                 selfgen=None, selfgen_prob=0.0, log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
                   betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
                   semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
                   block_size=4, block_sizes=None, certainty=0.0, copy_weight=1.0,
-                  ar_weight=0.0, mask_floor=0.0, selfgen=None, selfgen_prob=0.0, log_every=1,
-                  ckpt_every=10, eval_every=0, keep_checkpoints=2),
+                  ar_weight=0.0, mask_floor=0.0, masking="random", selfgen=None,
+                  selfgen_prob=0.0, log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
 }
 
 # ----------------------------------------------------------------------------- helpers
@@ -158,16 +158,18 @@ def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torc
 def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: int,
                  certainty: float = 0.0, block_sizes: tuple[int, ...] | None = None,
                  copy: tuple[torch.Tensor, float] | None = None, ar_weight: float = 0.0,
-                 mask_floor: float = 0.0) -> torch.Tensor:
+                 mask_floor: float = 0.0, masking: str = "random") -> torch.Tensor:
     """Block-diffusion loss; with ``block_sizes`` each batch is cut into blocks of a size
     drawn from them (so one run can be decoded, and compared, at several block sizes);
     ``copy`` = (template tokens, weight) weights a request's words (``copyweight``);
     ``ar_weight`` adds that times the twin's causal next-token loss on the same batch;
-    ``mask_floor`` is the lowest masking rate a block draws (1: every target masked)."""
+    ``mask_floor`` is the lowest masking rate a block draws (1: every target masked);
+    ``masking`` = "random" or "suffix" (``blockdiff.block_inputs``)."""
     if block_sizes:
         block_size = block_sizes[int(torch.randint(len(block_sizes), (1,), generator=gen))]
     inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen,
-                                    eps=max(blockdiff.EPS, mask_floor), copy=copy)
+                                    eps=max(blockdiff.EPS, mask_floor), copy=copy,
+                                    masking=masking)
     with autocast_ctx(device):
         loss = blockdiff.block_loss(model, inputs, device, certainty)
         if ar_weight:
@@ -258,8 +260,15 @@ def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[st
         raise ValueError(f"ar_weight must be in [0, 10], got {tp['ar_weight']!r}")
     if not (isinstance(tp["mask_floor"], (int, float)) and 0 <= tp["mask_floor"] <= 1):
         raise ValueError(f"mask_floor must be in [0, 1], got {tp['mask_floor']!r}")
+    if tp["masking"] not in blockdiff.MASKINGS:
+        raise ValueError(f"masking must be one of {', '.join(blockdiff.MASKINGS)}, "
+                         f"got {tp['masking']!r}")
+    if tp["masking"] == "suffix" and tp["mask_floor"]:
+        raise ValueError("mask_floor applies to masking='random' (suffix masking draws "
+                         "no rate)")
     bd_only = [name for name in ("certainty", "block_sizes", "ar_weight", "mask_floor")
                if tp[name]]
+    bd_only += ["masking"] if tp["masking"] != "random" else []
     bd_only += ["copy_weight"] if tp["copy_weight"] != 1.0 else []
     if bd_only and kind != "bd":
         raise ValueError(f"{bd_only[0]} is a block-diffusion (kind='bd') setting")
@@ -413,7 +422,8 @@ class _Run:
         if self.kind == "bd":
             return bd_step_loss(self.model, batch, self.gen, self.device, tp["block_size"],
                                 tp.get("certainty", 0.0), tp.get("block_sizes"), self.copy,
-                                tp.get("ar_weight", 0.0), tp.get("mask_floor", 0.0))
+                                tp.get("ar_weight", 0.0), tp.get("mask_floor", 0.0),
+                                tp.get("masking", "random"))
         return ar_step_loss(self.model, batch, self.device)
 
     def optimise(self) -> tuple[float, Any]:
