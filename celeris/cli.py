@@ -144,9 +144,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from celeris.train import evaluate
 
     try:
+        if args.card and args.second_sample:
+            raise ValueError("--card quotes the fixed eval set; drop --second-sample")
         report = evaluate(model=args.model, kind=args.kind,
                           overrides=generation_overrides(args), limit=args.limit,
-                          device=args.device)
+                          device=args.device, second_sample=args.second_sample)
         if args.card and not args.model:
             raise ValueError("--card needs --model (the directory to write the card into)")
         if args.card:
@@ -314,6 +316,9 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar"),
                    help="diffusion (any diffusion model, block-causal too) or ar (the twin)")
     p.add_argument("--limit", type=int, default=None, help="examples per task")
+    p.add_argument("--second-sample", action="store_true",
+                   help="score a second held-out sample, disjoint from the fixed eval set "
+                        "(to confirm a choice made by looking at the fixed one)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--card", action="store_true",

@@ -31,11 +31,12 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def _task_sets(limit: int | None) -> dict[str, list[_tasks.Example]]:
+def _task_sets(limit: int | None, second: bool = False) -> dict[str, list[_tasks.Example]]:
     n = _tasks.EVAL_N if limit is None else limit
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
-    return {t: _tasks.eval_examples(t, n) for t in _tasks.TASKS}
+    draw = _tasks.second_examples if second else _tasks.eval_examples
+    return {t: draw(t, n) for t in _tasks.TASKS}
 
 
 def _report(model: str, kind: str, params: dict[str, Any], preds: dict[str, list[str]],
@@ -159,7 +160,7 @@ def _eval_ar(model, overrides, sets, device, started) -> dict[str, Any]:
 def evaluate(model: Any = None, *, kind: str = "diffusion",
              overrides: dict[str, Any] | None = None, limit: int | None = None,
              device: str = "cpu", batch_size: int = CHUNK,
-             loss_batch_size: int = 32) -> dict[str, Any]:
+             loss_batch_size: int = 32, second_sample: bool = False) -> dict[str, Any]:
     """Exact-match accuracy per task on the held-out eval sets (+ masked loss for diffusion).
 
     model:     a model directory (default: models/celeris-tiny-bd, or models/celeris-tiny-ar for
@@ -167,6 +168,8 @@ def evaluate(model: Any = None, *, kind: str = "diffusion",
     overrides: GenerationParams fields applied over the model's defaults (AR: only gen_length,
                used as max_new_tokens; decoding is greedy with the KV cache).
     limit:     problems per task (default 100, the full fixed eval set).
+    second_sample: score a second held-out sample instead, disjoint from the fixed set
+               (``tasks.second_examples``), to confirm a choice made on the fixed one.
     batch_size / loss_batch_size: rows per forward when generating (diffusion) and when
                measuring the masked loss; larger means fewer forwards (each row's answer does
                not depend on its batch; the loss's random masks do, within noise).
@@ -178,8 +181,11 @@ def evaluate(model: Any = None, *, kind: str = "diffusion",
     if not hasattr(model, "generate_batch") and not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"no model at {model} (config.json missing)")
     device = _resolve_device(device)
-    sets = _task_sets(limit)
+    sets = _task_sets(limit, second_sample)
     if kind == "diffusion":
-        return _eval_diffusion(model, overrides, sets, device, started, batch_size,
-                               loss_batch_size)
-    return _eval_ar(model, overrides, sets, device, started)
+        report = _eval_diffusion(model, overrides, sets, device, started, batch_size,
+                                 loss_batch_size)
+    else:
+        report = _eval_ar(model, overrides, sets, device, started)
+    report["problems"] = "second sample" if second_sample else "fixed eval set"
+    return report

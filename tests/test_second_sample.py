@@ -1,0 +1,36 @@
+"""``celeris eval --second-sample``: a second held-out sample of the checkable tasks, disjoint
+from the fixed eval set, to confirm a choice made by looking at the fixed one."""
+
+from __future__ import annotations
+
+import pytest
+
+from celeris.train import tasks
+
+
+@pytest.mark.parametrize("task", tasks.TASKS)
+def test_the_second_sample_is_held_out_disjoint_and_fixed(task):
+    second = tasks.second_examples(task, 150)
+    fixed = {ex.prompt for ex in tasks.eval_examples(task)}
+    assert len(second) == 150 and len({ex.prompt for ex in second}) == 150
+    assert not fixed & {ex.prompt for ex in second}
+    assert all(tasks.split_of(ex.prompt) == "eval" for ex in second)
+    assert [ex.prompt for ex in tasks.second_examples(task, 150)] == [ex.prompt for ex in second]
+    ex = second[0]
+    assert tasks.score(task, ex.answer, ex.answer)
+
+
+def test_eval_scores_the_second_sample_and_says_so():
+    from celeris.train import evaluate
+    report = evaluate(kind="ar", limit=2, second_sample=True)
+    prompts = {s["prompt"] for s in report["samples"]}
+    assert report["problems"] == "second sample"
+    assert prompts == {ex.prompt for t in tasks.TASKS for ex in tasks.second_examples(t, 2)}
+    assert evaluate(kind="ar", limit=2)["problems"] == "fixed eval set"
+
+
+def test_the_card_refuses_the_second_sample(capsys):
+    from celeris.cli import main
+    assert main(["eval", "--model", "models/celeris-tiny-bd", "--card",
+                 "--second-sample"]) == 2
+    assert "--card quotes the fixed eval set" in capsys.readouterr().err
