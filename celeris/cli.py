@@ -285,6 +285,24 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_train)
 
 
+def cmd_average(args: argparse.Namespace) -> int:
+    from celeris.train.average import average
+    try:
+        info = average(args.models, args.out)
+    except user_errors() as exc:
+        return error(exc)
+    print(f"averaged {len(info['sources'])} models -> {args.out}")
+    return 0
+
+
+def _add_average(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("average", help="average the weights of runs of one architecture "
+                                       "(a model soup)")
+    p.add_argument("models", nargs="+", help="two or more model directories")
+    p.add_argument("--out", required=True, help="model directory to write")
+    p.set_defaults(func=cmd_average)
+
+
 def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("distill-data", help="a block-diffusion model answers training prompts "
                                             "itself (self-distillation data, JSONL)")
@@ -432,8 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="celeris",
                                      description="Celeris: masked-diffusion LLM inference")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_generate, _add_eval, _add_train, _add_distill_data, _add_serve, _add_bench,
-                _add_batch, _add_space):
+    for add in (_add_generate, _add_eval, _add_train, _add_average, _add_distill_data,
+                _add_serve, _add_bench, _add_batch, _add_space):
         add(sub)
     return parser
 
