@@ -219,10 +219,13 @@ def test_request_copy_probe_reads_the_requested_adjective_for_both_kinds(tmp_pat
     block, twin = rows
     assert block["max_swap_shift"] == max(p["swap_shift"] for p in block["pairs"])
     assert 0 <= block["max_swap_shift"] <= 1 and "max_swap_shift" not in twin
-    # the shipped pair's known state (docs/BENCHMARKS.md, session 16): "little" whatever is
-    # asked, while the block model copies the hero's kind from the same prompts
-    assert all(r["mean_p_little"] > 0.5 > r["mean_p_requested"] for r in rows)
-    assert block["mean_p_kind"] > 0.5 and 0 <= block["mean_p_requested_causal"] < 0.5
+    # the shipped pair's known state (docs/BENCHMARKS.md, sessions 16-17): the block model
+    # says "little" whatever is asked while copying the hero's kind from the same prompts; the
+    # twin trained on the same batches has begun to copy the adjective (p 0.12, little 0.20)
+    assert block["mean_p_little"] > 0.5 > 0.05 > block["mean_p_requested"]
+    assert block["mean_p_kind"] > 0.5 and 0 <= block["mean_p_requested_causal"] < 0.05
+    assert twin["mean_p_requested"] > 10 * block["mean_p_requested"]
+    assert twin["mean_p_little"] < block["mean_p_little"]
 
 
 def test_request_copy_probe_reads_a_twin_in_a_block_model_causally_as_the_twin(tmp_path,

@@ -177,11 +177,13 @@ def test_eval_dispatch_table_and_json(monkeypatch, capsys):
     _fake_train_module(monkeypatch, evaluate=evaluate)
     assert cli.main(["eval", "--model", "m", "--limit", "5", "--gen-length", "32"]) == 0
     assert calls[0] == {"model": "m", "kind": "diffusion", "overrides": {"gen_length": 32},
-                        "limit": 5, "device": "auto"}
+                        "limit": 5, "device": "auto", "second_sample": False}
     table = capsys.readouterr().out
     assert "arith" in table and "0.75" in table and "copy" in table and "3.5" in table
     assert cli.main(["eval", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == report
+    assert cli.main(["eval", "--second-sample", "--limit", "200"]) == 0
+    assert calls[-1]["second_sample"] is True and calls[-1]["limit"] == 200
 
 
 def test_eval_user_error_returns_2(monkeypatch, capsys):
