@@ -133,7 +133,8 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
                                batch=args.batch, seed=args.seed, resume=args.resume,
                                minutes=args.minutes, relabel_requests=not args.no_relabel,
                                temperature=args.temperature,
-                               correct_requests=not args.no_correct)
+                               correct_requests=not args.no_correct,
+                               min_story_tokens=args.min_story_tokens)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -316,6 +317,9 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue an existing file")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="sample the answers at this temperature (0-2; default 0, greedy)")
+    p.add_argument("--min-story-tokens", type=int, default=0, metavar="N",
+                   help="drop story answers shorter than N tokens (0-448; default 0): with "
+                        "--temperature 1 a pool of longer stories")
     p.add_argument("--no-relabel", action="store_true",
                    help="drop a good story that ignores its request instead of keeping it "
                         "under the request it honours (hindsight relabelling)")

@@ -415,3 +415,26 @@ def test_distill_data_samples_at_a_temperature_reproducibly_and_refuses_bad_ones
     assert greedy["teacher"]["temperature"] == 0.0 and hot1["teacher"]["temperature"] == 1.0
     assert h1 == h2                       # the same seeds, the same samples
     assert h1 != g                        # an untrained model's samples differ from its argmax
+
+
+def test_distill_data_drops_stories_shorter_than_min_story_tokens(tmp_path):
+    """--min-story-tokens: story answers under N completion tokens are dropped before any
+    check and counted as too short; task answers are not affected; bad values are refused.
+    (The shipped block model's greedy stories are 120-150 tokens.)"""
+    from celeris.train.selfgen import MAX_NEW_TOKENS, distill_data
+    model = "models/celeris-tiny-bd"
+    for bad in (-1, MAX_NEW_TOKENS + 1, 1.5):
+        with pytest.raises(ValueError, match=r"min_story_tokens must be an integer in \[0, 448\]"):
+            distill_data(model, tmp_path / "x.jsonl", requests=1, tasks=1,
+                         min_story_tokens=bad, progress=False)
+    assert not (tmp_path / "x.jsonl").exists()
+    plain = distill_data(model, tmp_path / "all.jsonl", requests=3, tasks=2, batch=5,
+                         progress=False, min_story_tokens=100)
+    long_only = distill_data(model, tmp_path / "cut.jsonl", requests=3, tasks=2, batch=5,
+                             progress=False, min_story_tokens=300)
+    assert plain["too_short"] == 0 and plain["kept"]["longreq"] >= 2
+    assert long_only["too_short"] == 3 and long_only["kept"]["longreq"] == 0
+    assert long_only["kept"]["task"] == plain["kept"]["task"] == 2
+    assert long_only["answered"] == plain["answered"] == {"task": 2, "longreq": 3}
+    records = [json.loads(x) for x in (tmp_path / "cut.jsonl").read_text().splitlines()]
+    assert {r["source"] for r in records if "source" in r} == {"task"}

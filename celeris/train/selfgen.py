@@ -214,13 +214,18 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
                  minutes: float | None = None, progress: bool = True,
                  relabel_requests: bool = True, temperature: float = 0.0,
-                 correct_requests: bool = True) -> dict[str, Any]:
+                 correct_requests: bool = True, min_story_tokens: int = 0) -> dict[str, Any]:
     """Answer the prompts with ``model`` and append the kept answers to ``out``.
 
     ``temperature`` > 0 samples the answers instead of taking the greedy ones (each prompt
     seeded from ``seed`` and its position, so a resumed run draws what an unbroken one would):
     greedy answers to similar requests are nearly one story, and a model distilled on them
-    narrows towards it (docs/BENCHMARKS.md, session 13)."""
+    narrows towards it (docs/BENCHMARKS.md, session 13).
+
+    ``min_story_tokens`` drops a story answer shorter than that many tokens before any check
+    (counted in the summary's "too_short"): the greedy stories are ~133 tokens, shorter than the
+    corpus's 150-400, and a pool of them holds the model there; sampled at T = 1 about one
+    story in five is longer (docs/BENCHMARKS.md, session 17)."""
     from celeris import Engine
 
     for name, v in (("requests", requests), ("tasks", tasks)):
@@ -231,6 +236,9 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     if not isinstance(temperature, (int, float)) or not 0.0 <= temperature <= MAX_TEMPERATURE:
         raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE}], "
                          f"got {temperature!r}")
+    if not isinstance(min_story_tokens, int) or not 0 <= min_story_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"min_story_tokens must be an integer in [0, {MAX_NEW_TOKENS}], "
+                         f"got {min_story_tokens!r}")
     out = Path(out)
     if out.exists() and not resume:
         raise FileExistsError(f"{out} exists; pass --resume to continue it or remove it")
@@ -246,7 +254,7 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                "temperature": float(temperature)}
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
-    seen, relabelled, corrected = {"task": 0, "longreq": 0}, 0, 0
+    seen, relabelled, corrected, short = {"task": 0, "longreq": 0}, 0, 0, 0
     with out.open("a") as f:
         for i in range(done, len(todo), batch):
             chunk = todo[i:i + batch]
@@ -259,6 +267,9 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 seen[source] += 1
                 tokens += len(r.token_ids)
                 nfe += r.nfe
+                if source == "longreq" and r.usage.completion_tokens < min_story_tokens:
+                    short += 1
+                    continue
                 rec = kept_record(source, text, r.text, spec, relabel_requests,
                                   correct_requests)
                 if rec is not None:
@@ -270,12 +281,13 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
             f.flush()
             if progress:
                 print(f"distill-data: {i + len(chunk)}/{len(todo)} prompts, kept {kept} "
-                      f"({corrected} stories corrected, {relabelled} relabelled), "
+                      f"({corrected} stories corrected, {relabelled} relabelled, "
+                      f"{short} too short), "
                       f"{tokens / max(time.time() - t0, 1e-9):.0f} tok/s", flush=True)
             if minutes is not None and time.time() - t0 > minutes * 60:
                 break
     return {"out": str(out), "answered": seen, "kept": kept, "relabelled": relabelled,
-            "corrected": corrected,
+            "corrected": corrected, "too_short": short,
             "tokens": tokens,
             "tokens_per_forward": tokens / nfe if nfe else 0.0,
             "wall_time_s": round(time.time() - t0, 1), "teacher": teacher}
