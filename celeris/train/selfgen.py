@@ -225,7 +225,7 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     ``min_story_tokens`` drops a story answer shorter than that many tokens before any check
     (counted in the summary's "too_short"): the greedy stories are ~133 tokens, shorter than the
     corpus's 150-400, and a pool of them holds the model there; sampled at T = 1 about one
-    story in five is longer (docs/BENCHMARKS.md, session 17)."""
+    story in six is 150 or longer (docs/BENCHMARKS.md, session 17)."""
     from celeris import Engine
 
     for name, v in (("requests", requests), ("tasks", tasks)):
