@@ -134,7 +134,8 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
                                minutes=args.minutes, relabel_requests=not args.no_relabel,
                                temperature=args.temperature,
                                correct_requests=not args.no_correct,
-                               min_story_tokens=args.min_story_tokens)
+                               min_story_tokens=args.min_story_tokens,
+                               min_arcs=args.min_arcs)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -320,6 +321,10 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-story-tokens", type=int, default=0, metavar="N",
                    help="drop story answers shorter than N tokens (0-448; default 0): with "
                         "--temperature 1 a pool of longer stories")
+    p.add_argument("--min-arcs", type=int, default=0, metavar="N",
+                   help="lengthen every kept story to N plot arcs (1-4; default 0, off): the "
+                        "missing arcs' paragraphs in the corpus's sentences, before the closing "
+                        "one, checked again (hindsight lengthening)")
     p.add_argument("--no-relabel", action="store_true",
                    help="drop a good story that ignores its request instead of keeping it "
                         "under the request it honours (hindsight relabelling)")

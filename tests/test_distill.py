@@ -438,3 +438,98 @@ def test_distill_data_drops_stories_shorter_than_min_story_tokens(tmp_path):
     assert long_only["answered"] == plain["answered"] == {"task": 2, "longreq": 3}
     records = [json.loads(x) for x in (tmp_path / "cut.jsonl").read_text().splitlines()]
     assert {r["source"] for r in records if "source" in r} == {"task"}
+
+
+def test_plot_arcs_reads_the_corpus_stories_arcs():
+    """Every corpus long story shows 2-4 plot arcs, and its closing paragraph none."""
+    rng = random.Random(11)
+    counts = set()
+    for _ in range(200):
+        story = corpus.long_story(rng)
+        arcs = corpus.plot_arcs(story)
+        counts.add(len(arcs))
+        assert 2 <= len(arcs) <= 4
+        assert corpus.plot_arcs(story.rsplit("\n\n", 1)[-1]) == []
+    assert counts == {2, 3, 4}
+    assert corpus.plot_arcs(MODEL_STORY) == ["find", "meet", "goal"]
+
+
+def test_lengthen_story_adds_the_missing_arcs_before_the_closing_paragraph():
+    from celeris.train.longcheck import hero_of, long_score, paragraphs
+    hero = hero_of(MODEL_STORY)
+    added_seen = set()
+    for seed in range(30):
+        longer, added = corpus.lengthen_story(MODEL_STORY, random.Random(seed), kind=hero.kind,
+                                              adj=hero.adj, name=hero.name)
+        assert added == ["lose"]
+        added_seen.add(longer)
+        old, new = paragraphs(MODEL_STORY), paragraphs(longer)
+        assert new[:-2] == old[:-1] and new[-1] == old[-1] and len(new) == len(old) + 1
+        assert corpus.plot_arcs(new[-2]) == ["lose"]
+        assert "shoe" not in new[-2]            # a new object, not the one already found
+        s = long_score([longer])
+        assert (s["grammatical"], s["hero_kept"], s["objects_kept"]) == (1.0, 1.0, 1.0)
+        assert s["repeated_sentences"] == 0.0
+    assert len(added_seen) > 10                 # the new paragraphs vary with the generator
+    # two arcs asked from a story with two: nothing to add; bad arc counts are refused
+    two = corpus.lengthen_story(MODEL_STORY, random.Random(0), kind="goat", adj="little",
+                                name="Zoe", arcs=3)
+    assert two is None
+    with pytest.raises(ValueError, match=r"arcs must be in \[1, 4\]"):
+        corpus.lengthen_story(MODEL_STORY, random.Random(0), kind="goat", adj="little",
+                              name="Zoe", arcs=5)
+    # a story whose last paragraph is a plot paragraph has no closing paragraph to keep last
+    cut = MODEL_STORY.rsplit("\n\n", 1)[0]
+    assert corpus.lengthen_story(cut, random.Random(0), kind="goat", adj="little",
+                                 name="Zoe") is None
+
+
+def test_kept_records_are_lengthened_to_min_arcs_and_keep_their_request():
+    from celeris.train.longcheck import request_honoured
+    from celeris.train.selfgen import kept_record
+    spec = _request("Write a long story about {a_adj_kind}.", kind="goat", adj="strong")
+    plain = kept_record("longreq", spec.text, MODEL_STORY, spec)
+    rec = kept_record("longreq", spec.text, MODEL_STORY, spec, min_arcs=4)
+    assert rec == kept_record("longreq", spec.text, MODEL_STORY, spec, min_arcs=4)  # seeded
+    assert rec["corrected"] == ["adj"] and rec["lengthened"] == ["lose"]
+    assert rec["prompt"] == plain["prompt"] == spec.text
+    assert rec["answer"].startswith(plain["answer"].rsplit("\n\n", 1)[0])
+    assert len(rec["answer"]) > len(plain["answer"])
+    assert request_honoured(rec["answer"], spec.asks) == (True, "")
+    # a story that already shows the arcs is kept as it is; min_arcs 3 leaves this one alone
+    assert kept_record("longreq", spec.text, MODEL_STORY, spec, min_arcs=3) == plain
+    # relabelled records are lengthened under their new request
+    horse = _request("Tell me a story about {a_kind} named {name}.", kind="horse", name="Zoe")
+    rel = kept_record("longreq", horse.text, MODEL_STORY, horse, min_arcs=4)
+    assert rel["asked"] == horse.text and rel["lengthened"] == ["lose"]
+    assert "a little goat named Zoe" in rel["answer"] and "goat" in rel["prompt"]
+
+
+def test_distill_data_min_arcs_lengthens_the_pool_and_refuses_bad_values(tmp_path):
+    from celeris.train.selfgen import distill_data
+    model = "models/celeris-tiny-bd"
+    for bad in (-1, 5, 2.0, True):
+        with pytest.raises(ValueError, match=r"min_arcs must be an integer in \[0, 4\]"):
+            distill_data(model, tmp_path / "x.jsonl", requests=1, tasks=0, min_arcs=bad,
+                         progress=False)
+    assert not (tmp_path / "x.jsonl").exists()
+    plain = distill_data(model, tmp_path / "p.jsonl", requests=3, tasks=1, batch=4,
+                         progress=False)
+    longer = distill_data(model, tmp_path / "l.jsonl", requests=3, tasks=1, batch=4,
+                          progress=False, min_arcs=4)
+    assert plain["lengthened"] == plain["not_lengthened"] == 0
+    assert longer["kept"]["task"] == plain["kept"]["task"]
+    assert longer["kept"]["longreq"] + longer["not_lengthened"] == plain["kept"]["longreq"]
+    assert longer["lengthened"] >= 2
+    read = lambda name: {r["prompt"]: r for r in (json.loads(x) for x in
+                         (tmp_path / name).read_text().splitlines() if '"source"' in x)}
+    kept = read("l.jsonl")
+    assert len(kept) == sum(longer["kept"].values())
+    for prompt, lr in kept.items():
+        p = read("p.jsonl")[prompt]
+        assert p["source"] == lr["source"]
+        if lr["source"] == "task":
+            assert p == lr
+        else:
+            assert len(corpus.plot_arcs(lr["answer"])) == 4
+            assert ("lengthened" in lr) == (len(corpus.plot_arcs(p["answer"])) < 4)

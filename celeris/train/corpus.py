@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass, field
 
 # --------------------------------------------------------------------------- vocabulary
@@ -489,36 +490,93 @@ def _plot(st: _Story, name: str, room: int) -> int:
     return PLOT_ARCS[name](st, room)
 
 
+def _fillers(st: _Story, n: int) -> None:
+    names, weights = zip(*LONG_FILLERS)
+    for _ in range(n):
+        _filler(st, st.rng.choices(names, weights)[0])
+
+
+def _arc_paragraph(st: _Story, arc: str) -> list[str]:
+    """One plot paragraph of a long story: the arc's sentences, then 1-3 fillers."""
+    fill, start = st.rng.randint(1, 3), len(st.sentences)   # drawn first: the corpus's order
+    _plot(st, arc, 3)
+    _fillers(st, fill)
+    return st.sentences[start:]
+
+
 def _long_story_once(rng: random.Random, hero: Character, place: str, obj: str | None) -> str:
     st = _Story(rng=rng, hero=hero, place=place, obj=obj)
-    names, weights = zip(*LONG_FILLERS)
     paragraphs: list[list[str]] = []
-
-    def paragraph(fill: int, arc: str | None) -> None:
-        start = len(st.sentences)
-        if arc is not None:
-            _plot(st, arc, 3)
-        for _ in range(fill):
-            _filler(st, rng.choices(names, weights)[0])
-        paragraphs.append(st.sentences[start:])
-
     # opening paragraph: who and where, then a few everyday sentences
     _opening(st)
     first = len(st.sentences) - 1
-    for _ in range(rng.randint(1, 3)):
-        _filler(st, rng.choices(names, weights)[0])
+    _fillers(st, rng.randint(1, 3))
     paragraphs.append(st.sentences[first:])
     arcs = rng.sample(LONG_PLOT_ARCS, rng.randint(2, 4))
     if obj is not None and not {"find", "lose"} & set(arcs):
         arcs[0] = rng.choice(("find", "lose"))        # the requested object must appear
-    for arc in arcs:
-        paragraph(rng.randint(1, 3), arc)
+    paragraphs += [_arc_paragraph(st, arc) for arc in arcs]
     start = len(st.sentences)                      # closing paragraph
-    for _ in range(rng.randint(0, 2)):
-        _filler(st, rng.choices(names, weights)[0])
+    _fillers(st, rng.randint(0, 2))
     _ending(st)
     paragraphs.append(st.sentences[start:])
     return "\n\n".join(" ".join(p) for p in paragraphs if p)
+
+
+# How each plot arc shows in a story's text (its first sentence; fillers and endings use none
+# of these words): "found a red coin", "met a kind fox" / "went to see Max", "lost her
+# coin" / "could not find his kite", "wanted to fly".
+ARC_MARKERS = {"find": re.compile(r"\bfound an? "),
+               "meet": re.compile(r"\b(?:met an? |went to see )"),
+               "lose": re.compile(r"\b(?:lost (?:his|her) |could not find (?:his|her) )"),
+               "goal": re.compile(r"\bwanted to ")}
+
+
+def plot_arcs(text: str) -> list[str]:
+    """The plot arcs a story's text shows (``ARC_MARKERS``), in LONG_PLOT_ARCS order."""
+    return [arc for arc in LONG_PLOT_ARCS if ARC_MARKERS[arc].search(text)]
+
+
+def lengthen_story(text: str, rng: random.Random, *, kind: str, adj: str | None, name: str,
+                   arcs: int = len(LONG_PLOT_ARCS)) -> tuple[str, list[str]] | None:
+    """``text`` with plot paragraphs added until it shows ``arcs`` plot arcs (hindsight
+    lengthening), and the arcs added; None when it already shows that many, or when its last
+    paragraph is not a closing one (it shows an arc) or it has fewer than three paragraphs.
+
+    The corpus draws 2-4 arcs a story, so after each arc paragraph "another arc" and "the
+    closing paragraph" are about equally likely and a greedy decoder takes the shortest
+    story it can (~133 tokens for the shipped pair, docs/BENCHMARKS.md session 17). The new
+    paragraphs are the corpus's own (``_arc_paragraph``) for the story's hero (``kind``,
+    ``adj``, ``name``: ``longcheck.hero_of``), each an arc the story lacks, put in a random
+    order before the closing paragraph; new objects differ from those the story names."""
+    if not 1 <= arcs <= len(LONG_PLOT_ARCS):
+        raise ValueError(f"arcs must be in [1, {len(LONG_PLOT_ARCS)}], got {arcs!r}")
+    paras = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    have = plot_arcs(text)
+    if len(have) >= arcs or len(paras) < 3 or plot_arcs(paras[-1]):
+        return None
+    pron = PEOPLE.get(kind) or ("she" if name in NAMES_SHE else "he")
+    low = text.lower()
+    named = [o for o in OBJECTS if re.search(rf"(?<![a-z]){re.escape(o)}(?![a-z])", low)]
+    said = re.split(r"(?<=[.!?\"])\s+", " ".join(paras))
+    missing = [arc for arc in LONG_PLOT_ARCS if arc not in have]
+    added = rng.sample(missing, arcs - len(have))
+    for _ in range(50):            # redraw paragraphs that repeat a sentence of the story
+        hero = Character(kind=kind, adj=adj or "", pron=pron, name=name, mentioned=True)
+        st = _Story(rng=rng, hero=hero, place=next((p for p in PLACES if p in low), PLACES[0]),
+                    said_one_day="one day" in low, sentences=list(said))
+        objs, new = list(named), []
+        for arc in added:
+            if arc in ("find", "lose"):      # an object the story does not name yet
+                st.obj, st.obj_used = rng.choice([o for o in OBJECTS if o not in objs]), False
+                objs.append(st.obj)
+            new.append(" ".join(_arc_paragraph(st, arc)))
+        fresh = st.sentences[len(said):]
+        if len(set(fresh)) == len(fresh) and not set(fresh) & set(said):
+            break
+    else:
+        return None
+    return "\n\n".join(paras[:-1] + new + paras[-1:]), added
 
 
 def long_story(rng: random.Random, *, kind: str | None = None, name: str | None = None,

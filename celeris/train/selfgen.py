@@ -177,29 +177,62 @@ def correct(story: str, spec: Any) -> tuple[str, list[str]] | None:
 
 
 def kept_record(source: str, prompt: str, answer: str, spec: Any,
-                relabel_requests: bool = True, correct_requests: bool = True) -> dict | None:
+                relabel_requests: bool = True, correct_requests: bool = True,
+                min_arcs: int = 0) -> dict | None:
     """The distill-data record for one answer, or None when it is not one to imitate. A
     good story that does not honour its request is edited to honour it (``correct``; the
     record's "corrected" lists the fields) unless ``correct_requests`` is False, else kept
     under the request it does honour (``relabel``; the record's "asked" is the original
-    prompt) unless ``relabel_requests`` is False."""
+    prompt) unless ``relabel_requests`` is False. With ``min_arcs`` > 0 a kept story that
+    shows fewer plot arcs gets the missing ones' paragraphs (``lengthen``; the record's
+    "lengthened" lists them), and one that cannot be lengthened is not kept."""
     if source == "task":
         kept = imitable(source, answer, spec)
         return None if kept is None else {"source": source, "prompt": prompt, "answer": kept}
     story, good, honoured = _story_checks(answer, spec)
     if not good:
         return None
+    rec: dict | None = None
     if honoured:
-        return {"source": source, "prompt": prompt, "answer": story}
-    edit = correct(story, spec) if correct_requests else None
+        rec = {"source": source, "prompt": prompt, "answer": story}
+    edit = correct(story, spec) if correct_requests and rec is None else None
     if edit is not None:
         fixed, ok, now_honoured = _story_checks(edit[0], spec)
         if ok and now_honoured and fixed == edit[0]:
-            return {"source": source, "prompt": prompt, "answer": fixed, "corrected": edit[1]}
-    new = relabel(story, spec) if relabel_requests else None
-    if new is None:
+            rec = {"source": source, "prompt": prompt, "answer": fixed, "corrected": edit[1]}
+    if rec is None and relabel_requests:
+        new = relabel(story, spec)
+        if new is not None:
+            spec = new
+            rec = {"source": source, "prompt": new.text, "answer": story, "asked": prompt}
+    if rec is None or not min_arcs:
+        return rec
+    return lengthen(rec, spec, min_arcs)
+
+
+def lengthen(rec: dict, spec: Any, arcs: int) -> dict | None:
+    """``rec`` with its story lengthened to show ``arcs`` plot arcs (``corpus.lengthen_story``,
+    hindsight lengthening: the model's greedy stories stop after as few arcs as the corpus
+    allows), checked again like any kept story; ``rec`` itself when it already shows that many;
+    None when it cannot be lengthened into a story that passes. Deterministic for the record
+    (the new paragraphs are drawn from a generator seeded with its prompt and story)."""
+    from celeris.train import longcheck
+    story = rec["answer"]
+    if len(_corpus.plot_arcs(story)) >= arcs:
+        return rec
+    hero = longcheck.hero_of(story)
+    if hero is None:
         return None
-    return {"source": source, "prompt": new.text, "answer": story, "asked": prompt}
+    rng = random.Random(f"celeris-lengthen:{rec['prompt']}:{story}")
+    out = _corpus.lengthen_story(story, rng, kind=hero.kind, adj=hero.adj, name=hero.name,
+                                 arcs=arcs)
+    if out is None:
+        return None
+    longer, ok, honoured = _story_checks(out[0], spec)
+    if not (ok and honoured and longer == out[0]
+            and len(longer.split()) <= _corpus.LONG_WORDS[1]):
+        return None
+    return {**rec, "answer": longer, "lengthened": out[1]}
 
 
 def _done_count(path: Path) -> int:
@@ -214,7 +247,8 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
                  minutes: float | None = None, progress: bool = True,
                  relabel_requests: bool = True, temperature: float = 0.0,
-                 correct_requests: bool = True, min_story_tokens: int = 0) -> dict[str, Any]:
+                 correct_requests: bool = True, min_story_tokens: int = 0,
+                 min_arcs: int = 0) -> dict[str, Any]:
     """Answer the prompts with ``model`` and append the kept answers to ``out``.
 
     ``temperature`` > 0 samples the answers instead of taking the greedy ones (each prompt
@@ -225,7 +259,11 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     ``min_story_tokens`` drops a story answer shorter than that many tokens before any check
     (counted in the summary's "too_short"): the greedy stories are ~133 tokens, shorter than the
     corpus's 150-400, and a pool of them holds the model there; sampled at T = 1 about one
-    story in six is 150 or longer (docs/BENCHMARKS.md, session 17)."""
+    story in six is 150 or longer (docs/BENCHMARKS.md, session 17).
+
+    ``min_arcs`` (1-4; 0 = off) lengthens every kept story to show that many plot arcs
+    (``lengthen``: the missing arcs' paragraphs, in the corpus's own sentences, before the
+    closing one); a story that cannot be is dropped (the summary's "not_lengthened")."""
     from celeris import Engine
 
     for name, v in (("requests", requests), ("tasks", tasks)):
@@ -239,6 +277,9 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     if not isinstance(min_story_tokens, int) or not 0 <= min_story_tokens <= MAX_NEW_TOKENS:
         raise ValueError(f"min_story_tokens must be an integer in [0, {MAX_NEW_TOKENS}], "
                          f"got {min_story_tokens!r}")
+    arcs = len(_corpus.LONG_PLOT_ARCS)
+    if not isinstance(min_arcs, int) or isinstance(min_arcs, bool) or not 0 <= min_arcs <= arcs:
+        raise ValueError(f"min_arcs must be an integer in [0, {arcs}], got {min_arcs!r}")
     out = Path(out)
     if out.exists() and not resume:
         raise FileExistsError(f"{out} exists; pass --resume to continue it or remove it")
@@ -255,6 +296,7 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
     seen, relabelled, corrected, short = {"task": 0, "longreq": 0}, 0, 0, 0
+    lengthened = not_lengthened = 0
     with out.open("a") as f:
         for i in range(done, len(todo), batch):
             chunk = todo[i:i + batch]
@@ -272,6 +314,11 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                     continue
                 rec = kept_record(source, text, r.text, spec, relabel_requests,
                                   correct_requests)
+                if rec is not None and min_arcs and source == "longreq":
+                    rec = kept_record(source, text, r.text, spec, relabel_requests,
+                                      correct_requests, min_arcs)
+                    not_lengthened += rec is None
+                    lengthened += rec is not None and "lengthened" in rec
                 if rec is not None:
                     kept[source] += 1
                     relabelled += "asked" in rec
@@ -282,12 +329,13 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
             if progress:
                 print(f"distill-data: {i + len(chunk)}/{len(todo)} prompts, kept {kept} "
                       f"({corrected} stories corrected, {relabelled} relabelled, "
-                      f"{short} too short), "
+                      f"{short} too short, {lengthened} lengthened), "
                       f"{tokens / max(time.time() - t0, 1e-9):.0f} tok/s", flush=True)
             if minutes is not None and time.time() - t0 > minutes * 60:
                 break
     return {"out": str(out), "answered": seen, "kept": kept, "relabelled": relabelled,
-            "corrected": corrected, "too_short": short,
+            "corrected": corrected, "too_short": short, "lengthened": lengthened,
+            "not_lengthened": not_lengthened,
             "tokens": tokens,
             "tokens_per_forward": tokens / nfe if nfe else 0.0,
             "wall_time_s": round(time.time() - t0, 1), "teacher": teacher}
