@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 # (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
@@ -142,12 +143,26 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _block_causal(model: str) -> bool:
+    """Whether a local model directory's config.json declares block-causal attention."""
+    config = Path(model) / "config.json"
+    try:
+        return json.loads(config.read_text()).get("attention") == "block_causal"
+    except (OSError, ValueError):
+        return False
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from celeris.train import evaluate
 
     try:
         if args.card and args.second_sample:
             raise ValueError("--card quotes the fixed eval set; drop --second-sample")
+        if args.card and args.model and _block_causal(args.model):
+            raise ValueError(f"--card writes a full-canvas model's card (stories at blocks up "
+                             f"to 32, infilling); {args.model} is a block-diffusion model, "
+                             f"whose card is kept by hand (models/celeris-tiny-bd/README.md): "
+                             f"drop --card and quote the --json report")
         report = evaluate(model=args.model, kind=args.kind,
                           overrides=generation_overrides(args), limit=args.limit,
                           device=args.device, second_sample=args.second_sample)

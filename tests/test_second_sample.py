@@ -34,3 +34,18 @@ def test_the_card_refuses_the_second_sample(capsys):
     assert main(["eval", "--model", "models/celeris-tiny-bd", "--card",
                  "--second-sample"]) == 2
     assert "--card quotes the fixed eval set" in capsys.readouterr().err
+
+
+def test_the_card_refuses_a_block_diffusion_model_before_evaluating(capsys, monkeypatch):
+    """`eval --card` writes a full-canvas model's card (stories at block 32, infilling); on a
+    block model it used to fail after the whole eval with "block_length must divide the
+    model's block size 4"; it now refuses first, naming the model and what to do."""
+    from celeris import cli
+    calls = []
+    monkeypatch.setattr("celeris.train.evaluate", lambda *a, **k: calls.append(a) or {})
+    assert cli.main(["eval", "--model", "models/celeris-tiny-bd", "--card"]) == 2
+    err = capsys.readouterr().err
+    assert "models/celeris-tiny-bd is a block-diffusion model" in err and "drop --card" in err
+    assert calls == []
+    assert not cli._block_causal("models/celeris-tiny-ar")
+    assert not cli._block_causal("no/such/dir")
