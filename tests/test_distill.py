@@ -420,7 +420,7 @@ def test_distill_data_samples_at_a_temperature_reproducibly_and_refuses_bad_ones
 def test_distill_data_drops_stories_shorter_than_min_story_tokens(tmp_path):
     """--min-story-tokens: story answers under N completion tokens are dropped before any
     check and counted as too short; task answers are not affected; bad values are refused.
-    (The shipped block model's greedy stories are 120-150 tokens.)"""
+    (The shipped block model's greedy stories are 158-170 tokens.)"""
     from celeris.train.selfgen import MAX_NEW_TOKENS, distill_data
     model = "models/celeris-tiny-bd"
     for bad in (-1, MAX_NEW_TOKENS + 1, 1.5):
@@ -505,9 +505,21 @@ def test_kept_records_are_lengthened_to_min_arcs_and_keep_their_request():
     assert "a little goat named Zoe" in rel["answer"] and "goat" in rel["prompt"]
 
 
-def test_distill_data_min_arcs_lengthens_the_pool_and_refuses_bad_values(tmp_path):
+def test_distill_data_min_arcs_lengthens_the_pool_and_refuses_bad_values(tmp_path,
+                                                                       monkeypatch):
+    from celeris import Engine
     from celeris.train.selfgen import distill_data
     model = "models/celeris-tiny-bd"
+    # the shipped model already writes four arcs (it was trained on a lengthened pool): its
+    # answers lose their "lose" paragraph here, as the model before it wrote them
+    real = Engine.generate_batch
+
+    def three_arcs(self, prompts, params=None, request_ids=None):
+        out = real(self, prompts, params, request_ids)
+        cut = lambda t: "\n\n".join(p for p in t.split("\n\n")
+                                      if corpus.plot_arcs(p) != ["lose"])
+        return [dataclasses.replace(r, text=cut(r.text)) for r in out]
+    monkeypatch.setattr(Engine, "generate_batch", three_arcs)
     for bad in (-1, 5, 2.0, True):
         with pytest.raises(ValueError, match=r"min_arcs must be an integer in \[0, 4\]"):
             distill_data(model, tmp_path / "x.jsonl", requests=1, tasks=0, min_arcs=bad,

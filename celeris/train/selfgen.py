@@ -257,9 +257,10 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     narrows towards it (docs/BENCHMARKS.md, session 13).
 
     ``min_story_tokens`` drops a story answer shorter than that many tokens before any check
-    (counted in the summary's "too_short"): the greedy stories are ~133 tokens, shorter than the
-    corpus's 150-400, and a pool of them holds the model there; sampled at T = 1 about one
-    story in six is 150 or longer (docs/BENCHMARKS.md, session 17).
+    (counted in the summary's "too_short"). Session 17's model wrote ~133-token greedy stories,
+    shorter than the corpus's 150-400; sampled at T = 1 about one story in six was 150 or longer,
+    but a pool of those did not lengthen the greedy ones (docs/BENCHMARKS.md, session 17);
+    ``min_arcs`` did (session 18).
 
     ``min_arcs`` (1-4; 0 = off) lengthens every kept story to show that many plot arcs
     (``lengthen``: the missing arcs' paragraphs, in the corpus's own sentences, before the
