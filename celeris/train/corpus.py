@@ -545,7 +545,7 @@ def lengthen_story(text: str, rng: random.Random, *, kind: str, adj: str | None,
 
     The corpus draws 2-4 arcs a story, so after each arc paragraph "another arc" and "the
     closing paragraph" are about equally likely and a greedy decoder takes the shortest
-    story it can (~133 tokens for the shipped pair, docs/BENCHMARKS.md session 17). The new
+    story it can (~133 tokens for session 17's pair; docs/BENCHMARKS.md, session 18). The new
     paragraphs are the corpus's own (``_arc_paragraph``) for the story's hero (``kind``,
     ``adj``, ``name``: ``longcheck.hero_of``), each an arc the story lacks, put in a random
     order before the closing paragraph; new objects differ from those the story names."""

@@ -186,28 +186,36 @@ def kept_record(source: str, prompt: str, answer: str, spec: Any,
     prompt) unless ``relabel_requests`` is False. With ``min_arcs`` > 0 a kept story that
     shows fewer plot arcs gets the missing ones' paragraphs (``lengthen``; the record's
     "lengthened" lists them), and one that cannot be lengthened is not kept."""
+    rec, asked = _record_and_request(source, prompt, answer, spec, relabel_requests,
+                                     correct_requests)
+    if rec is None or not min_arcs or source == "task":
+        return rec
+    return lengthen(rec, asked, min_arcs)
+
+
+def _record_and_request(source: str, prompt: str, answer: str, spec: Any,
+                        relabel_requests: bool, correct_requests: bool) -> tuple[dict | None, Any]:
+    """``kept_record`` before lengthening, and the request the record's story answers (the
+    relabelled one when it was relabelled, else ``spec``)."""
     if source == "task":
         kept = imitable(source, answer, spec)
-        return None if kept is None else {"source": source, "prompt": prompt, "answer": kept}
+        return (None if kept is None else
+                {"source": source, "prompt": prompt, "answer": kept}), spec
     story, good, honoured = _story_checks(answer, spec)
     if not good:
-        return None
-    rec: dict | None = None
+        return None, spec
     if honoured:
-        rec = {"source": source, "prompt": prompt, "answer": story}
-    edit = correct(story, spec) if correct_requests and rec is None else None
+        return {"source": source, "prompt": prompt, "answer": story}, spec
+    edit = correct(story, spec) if correct_requests else None
     if edit is not None:
         fixed, ok, now_honoured = _story_checks(edit[0], spec)
         if ok and now_honoured and fixed == edit[0]:
-            rec = {"source": source, "prompt": prompt, "answer": fixed, "corrected": edit[1]}
-    if rec is None and relabel_requests:
-        new = relabel(story, spec)
-        if new is not None:
-            spec = new
-            rec = {"source": source, "prompt": new.text, "answer": story, "asked": prompt}
-    if rec is None or not min_arcs:
-        return rec
-    return lengthen(rec, spec, min_arcs)
+            return ({"source": source, "prompt": prompt, "answer": fixed,
+                     "corrected": edit[1]}, spec)
+    new = relabel(story, spec) if relabel_requests else None
+    if new is None:
+        return None, spec
+    return {"source": source, "prompt": new.text, "answer": story, "asked": prompt}, new
 
 
 def lengthen(rec: dict, spec: Any, arcs: int) -> dict | None:
@@ -313,11 +321,10 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 if source == "longreq" and r.usage.completion_tokens < min_story_tokens:
                     short += 1
                     continue
-                rec = kept_record(source, text, r.text, spec, relabel_requests,
-                                  correct_requests)
+                rec, asked = _record_and_request(source, text, r.text, spec,
+                                                 relabel_requests, correct_requests)
                 if rec is not None and min_arcs and source == "longreq":
-                    rec = kept_record(source, text, r.text, spec, relabel_requests,
-                                      correct_requests, min_arcs)
+                    rec = lengthen(rec, asked, min_arcs)
                     not_lengthened += rec is None
                     lengthened += rec is not None and "lengthened" in rec
                 if rec is not None:
