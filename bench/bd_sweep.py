@@ -40,7 +40,7 @@ def with_block_size(model: Path, size: int, root: Path) -> Path:
 
 def measure(engine, params, task_examples, requests, batch: int) -> dict:
     from celeris.train import score
-    from celeris.train.longcheck import long_score
+    from celeris.train.longcheck import fields_line, long_score
 
     t0 = time.perf_counter()
     res = []
@@ -62,7 +62,8 @@ def measure(engine, params, task_examples, requests, batch: int) -> dict:
     return {"task_accuracy": sum(ok) / len(ok), "task_tpf": task_tokens / max(task_nfe, 1),
             "story_tpf": st_tokens / max(st_nfe, 1), "story_tokens": st_tokens,
             "grammatical": q["grammatical"], "hero_kept": q["hero_kept"],
-            "request_honoured": q["request_honoured"], "unfinished": q["unfinished"],
+            "request_honoured": q["request_honoured"],
+            "request_by_field": fields_line(q["request_fields"]), "unfinished": q["unfinished"],
             "failures": q.get("examples_failed", [])[:3], "bad": q.get("examples_bad", [])[:3],
             "wall_s": round(time.perf_counter() - t0, 1)}
 

@@ -113,6 +113,12 @@ def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(be
                     "repeated_sentences", "distinct_sentences"):
             assert 0.0 <= row[key] <= 1.0
             assert row[key] == row["quality"][key]
+        fields = row["request_fields"]
+        assert sum(f["asked"] for f in fields.values()) >= 8 and fields == \
+            row["quality"]["request_fields"]
+        assert all(0 <= f["honoured"] <= f["asked"] for f in fields.values())
+        assert row["request_by_field"] == ", ".join(
+            f"{k} {f['honoured']}/{f['asked']}" for k, f in fields.items())
         assert row["vs_ar"] is not None
     assert rows[0]["vs_ar"] == 1.0 and "tokens_per_forward" in rows[2]
     assert "tokens_per_forward" not in rows[0]

@@ -209,8 +209,31 @@ def test_long_score_counts_grammar_hero_requests_and_unfinished_texts():
         {"index": 1, "check": "request", "reason": "asked for kind 'cat', the hero's is 'fox'"},
         {"index": 4, "check": "hero",
          "reason": "Ben is named but never introduced (the hero is Tom)"}]
+    assert report["request_fields"] == {"kind": {"asked": 1, "honoured": 0},
+                                        "name": {"asked": 1, "honoured": 1},
+                                        "obj": {"asked": 1, "honoured": 1}}
     with pytest.raises(ValueError, match=r"requests: expected one per text \(2\), got 1"):
         longcheck.long_score([STORY, STORY], [ask({})])
+
+
+def test_request_fields_count_every_miss_of_a_story_not_only_the_first():
+    asks = [{"kind": "fox", "adj": "shy", "place": "in the park", "obj": "kite"},
+            {"kind": "cat", "adj": "brave", "name": "Tom"}, {}]
+    stories = [STORY, STORY, STORY]
+    assert longcheck.request_misses(STORY, asks[0]) == [
+        ("adj", "asked for adj 'shy', the hero's is 'brave'"),
+        ("place", "asked for the place 'in the park', which the story never mentions")]
+    fields = longcheck.request_fields(stories, asks)
+    assert fields == {"kind": {"asked": 2, "honoured": 1}, "adj": {"asked": 2, "honoured": 1},
+                      "name": {"asked": 1, "honoured": 1}, "place": {"asked": 1, "honoured": 0},
+                      "obj": {"asked": 1, "honoured": 1}}
+    assert longcheck.fields_line(fields) == \
+        "kind 1/2, adj 1/2, name 1/1, place 0/1, obj 1/1"
+    nobody = "Once upon a time, there was a little girl."
+    assert [k for k, _ in longcheck.request_misses(nobody, {"kind": "girl", "name": "Mia"})] \
+        == ["kind", "name"]
+    with pytest.raises(ValueError, match=r"asks: expected one per text \(3\), got 1"):
+        longcheck.request_fields(stories, asks[:1])
 
 
 def test_long_decoding_keeps_the_default_steps_per_block():

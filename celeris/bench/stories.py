@@ -23,7 +23,8 @@ STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("repeated_sentences", "repeats", ".3f"),
                  ("distinct_sentences", "distinct", ".3f"), ("vs_ar", "x AR", ".2f"),
                  ("vs_ar_engine", "x AR(C)", ".2f"),
-                 ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"))
+                 ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"),
+                 ("request_by_field", "request by field", "s"))
 MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
 REQUESTS_PER_N = 8            # --n 5 -> 40 requests
 PROMPT_ROOM = 48              # context kept for the chat-templated request
@@ -37,7 +38,7 @@ def requests_for(ctx: BenchContext) -> list[Any]:
 def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list[int] | None,
          walls: list[float], requests: Sequence[Any], params: dict[str, Any]
          ) -> dict[str, Any]:
-    from celeris.train.longcheck import long_score
+    from celeris.train.longcheck import fields_line, long_score
 
     quality = long_score(texts, list(requests))
     total, wall = sum(tokens), sum(walls)
@@ -47,7 +48,8 @@ def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list
            "mean_tokens": total / len(texts) if texts else 0.0, "params": params,
            **{k: quality[k] for k in ("grammatical", "hero_kept", "request_honoured",
                                       "objects_kept", "repeated_sentences",
-                                      "distinct_sentences")},
+                                      "distinct_sentences", "request_fields")},
+           "request_by_field": fields_line(quality["request_fields"]),
            "quality": quality, "samples": texts[:2]}
     if nfe is not None:
         row["tokens_per_forward"] = total / sum(nfe) if sum(nfe) else 0.0
@@ -126,7 +128,8 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              f"max_new_tokens = {cap}",
              "grammar = fraction of sentences in shapes the story grammar writes; hero = "
              "fraction of stories whose named hero is kept to the end; request = fraction "
-             "whose hero/place/object is the one asked for; objects = fraction whose found "
+             "whose hero/place/object is the one asked for, and by field how many of the "
+             "requests asking for it got it; objects = fraction whose found "
              "objects stay the same object; repeats = fraction of sentences repeating an "
              "earlier one of the same story (corpus ~0.005); distinct = fraction of all the "
              "answers' sentences that are distinct, names replaced by one placeholder (the "

@@ -116,27 +116,57 @@ def hero_kept(text: str, *, name_in_last: bool = False) -> tuple[bool, str]:
     return True, ""
 
 
-def request_honoured(text: str, asks: dict) -> tuple[bool, str]:
-    """(True, "") when the story gives what the request asked for; else (False, the first
-    miss). kind/adj/name are the hero's (``hero_of``); the place must occur in the text
-    (case-insensitive), the object as a whole word ("cake" is not in "bake cakes")."""
+def request_misses(text: str, asks: dict) -> list[tuple[str, str]]:
+    """Every field of ``asks`` the story does not give, as (field, why), in ``ASK_KEYS``
+    order; [] when it honours the request. kind/adj/name are the hero's (``hero_of``); the
+    place must occur in the text (case-insensitive), the object as a whole word ("cake" is
+    not in "bake cakes")."""
     unknown = sorted(set(asks) - set(ASK_KEYS))
     if unknown:
         raise ValueError(f"asks: unknown key(s) {', '.join(unknown)}; known: {', '.join(ASK_KEYS)}")
     hero = hero_of(text)
+    misses = []
     for key in (k for k in ASK_KEYS if k in asks):
         want = asks[key]
         if key in ("kind", "adj", "name"):
             if hero is None:
-                return False, f"asked for {key} {want!r}, but no named hero is introduced"
-            if getattr(hero, key) != want:
-                return False, f"asked for {key} {want!r}, the hero's is {getattr(hero, key)!r}"
+                misses.append((key, f"asked for {key} {want!r}, but no named hero is introduced"))
+            elif getattr(hero, key) != want:
+                misses.append((key, f"asked for {key} {want!r}, the hero's is "
+                                    f"{getattr(hero, key)!r}"))
         elif key == "place" and want.lower() not in text.lower():
-            return False, f"asked for the place {want!r}, which the story never mentions"
+            misses.append((key, f"asked for the place {want!r}, which the story never mentions"))
         elif key == "obj" and not re.search(rf"(?<![A-Za-z]){re.escape(want)}(?![A-Za-z])",
                                             text, re.IGNORECASE):
-            return False, f"asked for the object {want!r}, which the story never mentions"
-    return True, ""
+            misses.append((key, f"asked for the object {want!r}, which the story never mentions"))
+    return misses
+
+
+def request_honoured(text: str, asks: dict) -> tuple[bool, str]:
+    """(True, "") when the story gives what the request asked for; else (False, the first
+    miss of ``request_misses``)."""
+    misses = request_misses(text, asks)
+    return (False, misses[0][1]) if misses else (True, "")
+
+
+def request_fields(texts: list[str], asks: list[dict]) -> dict[str, dict[str, int]]:
+    """For each field the requests ask for (``ASK_KEYS`` order): how many of them ask for it
+    and how many of their stories give it, e.g. ``{"adj": {"asked": 10, "honoured": 0}}``,
+    so a request figure says which part of the requests a model ignores."""
+    if len(asks) != len(texts):
+        raise ValueError(f"asks: expected one per text ({len(texts)}), got {len(asks)}")
+    out = {k: {"asked": 0, "honoured": 0} for k in ASK_KEYS}
+    for text, a in zip(texts, asks):
+        missed = {k for k, _ in request_misses(text, a)}
+        for k in a:
+            out[k]["asked"] += 1
+            out[k]["honoured"] += k not in missed
+    return {k: v for k, v in out.items() if v["asked"]}
+
+
+def fields_line(fields: dict[str, dict[str, int]]) -> str:
+    """``request_fields`` as one line: "kind 33/33, adj 0/10, place 0/6"."""
+    return ", ".join(f"{k} {v['honoured']}/{v['asked']}" for k, v in fields.items())
 
 
 @lru_cache(maxsize=1)
@@ -239,7 +269,8 @@ def finished(text: str) -> bool:
 def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -> dict:
     """Score long stories: ``score``'s grammatical fraction over all their sentences, the
     fraction that keep their hero, the fraction that honour their request (``requests[i]``
-    asked for ``texts[i]``; None when no requests are given), the fraction whose found objects
+    asked for ``texts[i]``; None when no requests are given) and, field by field, how many
+    ask for it and get it (``request_fields``), the fraction whose found objects
     stay the same (``objects_kept``), the fraction of all sentences that repeat an earlier one
     of their story (``repeated_sentences``), the fraction of distinct sentences across all the
     texts (``distinct_sentences``), and up to 5 failures with the reason.
@@ -265,6 +296,8 @@ def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -
             "grammatical": grammar["grammatical"], "examples_bad": grammar["examples_bad"],
             "hero_kept": kept / n if n else 0.0,
             "request_honoured": (honoured / n if n else 0.0) if requests is not None else None,
+            "request_fields": (request_fields(texts, [r.asks for r in requests])
+                               if requests is not None else None),
             "objects_kept": objects / n if n else 0.0,
             "repeated_sentences": repeats / total if total else 0.0,
             "distinct_sentences": distinct_sentences(texts),
