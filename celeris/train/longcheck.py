@@ -145,7 +145,10 @@ def request_misses(text: str, asks: dict) -> list[tuple[str, str]]:
 def request_honoured(text: str, asks: dict) -> tuple[bool, str]:
     """(True, "") when the story gives what the request asked for; else (False, the first
     miss of ``request_misses``)."""
-    misses = request_misses(text, asks)
+    return _verdict(request_misses(text, asks))
+
+
+def _verdict(misses: list[tuple[str, str]]) -> tuple[bool, str]:
     return (False, misses[0][1]) if misses else (True, "")
 
 
@@ -155,9 +158,14 @@ def request_fields(texts: list[str], asks: list[dict]) -> dict[str, dict[str, in
     so a request figure says which part of the requests a model ignores."""
     if len(asks) != len(texts):
         raise ValueError(f"asks: expected one per text ({len(texts)}), got {len(asks)}")
+    return _field_counts([(a, request_misses(text, a)) for text, a in zip(texts, asks)])
+
+
+def _field_counts(checked: list[tuple[dict, list[tuple[str, str]]]]) -> dict[str, dict[str, int]]:
+    """``request_fields`` from (asks, request_misses) pairs already computed."""
     out = {k: {"asked": 0, "honoured": 0} for k in ASK_KEYS}
-    for text, a in zip(texts, asks):
-        missed = {k for k, _ in request_misses(text, a)}
+    for a, misses in checked:
+        missed = {k for k, _ in misses}
         for k in a:
             out[k]["asked"] += 1
             out[k]["honoured"] += k not in missed
@@ -280,13 +288,16 @@ def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -
     grammar = score(texts)
     kept = honoured = objects = repeats = total = 0
     failures: list[dict] = []
+    checked: list[tuple[dict, list[tuple[str, str]]]] = []
     for i, text in enumerate(texts):
         checks = {"hero": hero_kept(text), "objects": objects_kept(text)}
         objects += checks["objects"][0]
         r, t = repeated_sentences(text)
         repeats, total = repeats + r, total + t
         if requests is not None:
-            checks["request"] = request_honoured(text, requests[i].asks)
+            misses = request_misses(text, requests[i].asks)
+            checked.append((requests[i].asks, misses))
+            checks["request"] = _verdict(misses)
             honoured += checks["request"][0]
         kept += checks["hero"][0]
         failures += [{"index": i, "check": name, "reason": why}
@@ -296,8 +307,7 @@ def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -
             "grammatical": grammar["grammatical"], "examples_bad": grammar["examples_bad"],
             "hero_kept": kept / n if n else 0.0,
             "request_honoured": (honoured / n if n else 0.0) if requests is not None else None,
-            "request_fields": (request_fields(texts, [r.asks for r in requests])
-                               if requests is not None else None),
+            "request_fields": _field_counts(checked) if requests is not None else None,
             "objects_kept": objects / n if n else 0.0,
             "repeated_sentences": repeats / total if total else 0.0,
             "distinct_sentences": distinct_sentences(texts),
