@@ -18,7 +18,7 @@ FIRST_TOKENS = ("policy", "greedy")
 
 MAX_GEN_LENGTH = 4096
 MAX_STEPS = 4096
-MAX_TEMPERATURE = 10.0
+MAX_TEMPERATURE = 2.0     # OpenAI's range; the UI slider's too
 MAX_CFG_SCALE = 20.0
 MAX_STOP_STRINGS = 8
 MAX_SEED = 2**63 - 1
@@ -26,6 +26,7 @@ MAX_SEED = 2**63 - 1
 # Dream's names for its unmasking orders map onto our confidence measures.
 DREAM_ALGS = {"maskgit_plus": "low_confidence", "topk_margin": "margin",
               "entropy": "entropy", "origin": "random"}
+REMASKING_ALIASES = tuple(a for a in DREAM_ALGS if a not in REMASKINGS)
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def _validate(p: GenerationParams) -> None:
     _check_choice("decoding", p.decoding, DECODINGS)
     _check_float("threshold", p.threshold, 0.0, 1.0, lo_open=True)
     _check_float("factor", p.factor, 0.0, 100.0, lo_open=True)
-    _check_choice("remasking", p.remasking, REMASKINGS + tuple(DREAM_ALGS))
+    _check_choice("remasking", p.remasking, REMASKINGS + REMASKING_ALIASES)
     _check_choice("cache", p.cache, CACHES)
     _check_float("cfg_scale", p.cfg_scale, 0.0, MAX_CFG_SCALE)
     if p.cfg_scale > 0 and p.cache != "none":

@@ -17,9 +17,9 @@ from celeris import EngineConfig, GenerationParams
      r"steps \(3\) must be a multiple of the number of blocks ceil\(gen_length/block_length\) = 4"),
     ({"steps": 3}, r"steps \(3\) must be a multiple of the number of blocks"),
     ({"steps": 256}, r"steps \(256\) must be at most gen_length rounded up to whole blocks \(128\)"),
-    ({"temperature": math.nan}, r"temperature must be a finite number in \[0.0, 10.0\]"),
+    ({"temperature": math.nan}, r"temperature must be a finite number in \[0.0, 2.0\]"),
     ({"temperature": math.inf}, r"temperature must be a finite number"),
-    ({"temperature": -0.1}, r"temperature must be in \[0.0, 10.0\], got -0.1"),
+    ({"temperature": -0.1}, r"temperature must be in \[0.0, 2.0\], got -0.1"),
     ({"top_p": 0.0}, r"top_p must be in \(0.0, 1.0\]"),
     ({"threshold": 1.5}, r"threshold must be in \(0.0, 1.0\]"),
     ({"decoding": "greedy"}, r"decoding must be one of fixed, threshold, factor, ltr; got 'greedy'"),
@@ -51,6 +51,21 @@ def test_dream_algorithm_names_map_onto_confidence_measures():
     assert GenerationParams(remasking="maskgit_plus").remasking == "low_confidence"
     assert GenerationParams(remasking="topk_margin").remasking == "margin"
     assert GenerationParams(remasking="origin").remasking == "random"
+
+
+def test_temperature_above_openais_range_of_2_is_refused():
+    assert GenerationParams(temperature=2.0).temperature == 2.0
+    with pytest.raises(ValueError, match=r"temperature must be in \[0.0, 2.0\], got 2.5"):
+        GenerationParams(temperature=2.5)
+
+
+def test_remasking_error_lists_each_accepted_name_once():
+    with pytest.raises(ValueError) as exc:
+        GenerationParams(remasking="confident")
+    names = str(exc.value).split("one of ", 1)[1].split(";", 1)[0].split(", ")
+    assert len(names) == len(set(names)), str(exc.value)
+    assert set(names) == {"low_confidence", "margin", "entropy", "random", "maskgit_plus",
+                          "topk_margin", "origin"}
 
 
 def test_from_dict_rejects_unknown_fields_and_round_trips():
