@@ -1,15 +1,15 @@
 """Where does a batch-1 cached decoding step of an 8B-shaped model spend its time on one GPU?
 
-The first GPU run (docs/BENCHMARKS.md, "gpu") measured 18-20 ms per cached step at batch 1
-where reading the weights once takes ~3 ms: 15-17% of the HBM roofline. This script answers
-why before anything is optimised: it profiles that step (prefix cache, prompt 512, block 32,
-random bf16 weights built on the GPU) with torch.profiler and reports the wall time per step,
-the time the GPU was busy per step (sum of kernel times), kernel launches per step, and the
-top operators by GPU and by CPU time. Then it re-measures the peak memory of the block-causal
-exact cache at batch 32 (81 GiB on the first run, when every slot was sized by the context).
+Reproduces docs/BENCHMARKS.md, "GPU: LLaDA-8B-shaped decoding", its step profile and the peak
+memory of the block-causal exact cache at batch 32 (docs/results/gpu-step-profile.json). Kept
+because no other command measures those two figures. It profiles one cached step (prefix
+cache, prompt 512, block 32, random bf16 weights built on the GPU) with torch.profiler and
+reports the wall time per step, the time the GPU was busy per step (sum of kernel times),
+kernel launches per step and the top operators by GPU and by CPU time; then it measures the
+peak memory of block-causal exact-cache decoding at batch 32.
 
-    python bench/gpu_step_profile.py --out docs/gpu       # on a CUDA machine
-    python bench/gpu_step_profile.py --tiny               # the same code on CPU, tiny config
+    python bench/gpu_step_profile.py --out runs/gpu     # on a CUDA machine
+    python bench/gpu_step_profile.py --tiny             # the same code on CPU, tiny config
 """
 
 from __future__ import annotations

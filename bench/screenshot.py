@@ -1,5 +1,7 @@
 """Retake assets/playground.png: the playground on the default model, one story request.
 
+Not a figure: it reproduces the README's screenshot.
+
     python bench/screenshot.py [--prompt "..."] [--out assets/playground.png]
 
 Starts the app in-process on a free port with the default engine (models/celeris-tiny-bd),

@@ -1,5 +1,7 @@
 """What one block-diffusion forward costs next to one token of the AR twin, on this machine.
 
+Reproduces docs/BENCHMARKS.md, "What one forward costs (CPU)" (docs/results/step-cost-cpu.json).
+
 Block decoding beats autoregression only if (tokens per forward) x (AR time per token) exceeds
 the time of one block step. This script measures both sides of that inequality on the shipped
 pair, so the tokens per forward a model needs to break even is a measured number, not a guess:
@@ -17,7 +19,7 @@ pair, so the tokens per forward a model needs to break even is a measured number
 Medians over ``--repeats`` rounds; each round runs every configuration once, interleaved, so a
 slow moment of a shared machine hits all of them alike.
 
-    python bench/step_cost.py --threads 2 --json docs/step-cost.json
+    python bench/step_cost.py --threads 2 --json docs/results/step-cost-cpu.json
 """
 
 from __future__ import annotations

@@ -204,52 +204,6 @@ def test_step_cost_times_block_windows_against_the_twins_token(tmp_path, one_thr
             ms[f"bd_forward_w{w}"] / ms["ar_generate_per_token"], abs=0.01)
 
 
-def test_request_copy_probe_reads_the_requested_adjective_for_both_kinds(tmp_path,
-                                                                        one_thread):  # noqa: F811
-    """bench/probe_request_copy.py on the shipped pair: the 9 held-out adjective requests, a
-    probability per pair for the block model (training layout) and the twin (causal), and
-    summary means that are the means of the rows."""
-    probe = _bench_script("probe_request_copy")
-    assert len(probe.PAIRS) == 9
-    assert all(f" {adj} {kind}" in text and adj[0] not in "aeiou"
-               for text, adj, kind in probe.PAIRS)
-    rows = probe.main(["models/celeris-tiny-bd", "--ar", "models/celeris-tiny-ar",
-                       "--json", str(tmp_path / "p.json")])
-    assert json.loads((tmp_path / "p.json").read_text()) == rows
-    assert [r["model"] for r in rows] == ["models/celeris-tiny-bd", "models/celeris-tiny-ar"]
-    for r in rows:
-        assert [p["adj"] for p in r["pairs"]] == [adj for _, adj, _ in probe.PAIRS]
-        assert all(0 <= p["p"] <= 1 and 0 <= p["p_little"] <= 1 for p in r["pairs"])
-        assert r["mean_p_requested"] == pytest.approx(sum(p["p"] for p in r["pairs"]) / 9)
-        assert r["argmax_requested"] == sum(p["argmax"] for p in r["pairs"]) / 9
-    block, twin = rows
-    assert block["max_swap_shift"] == max(p["swap_shift"] for p in block["pairs"])
-    assert 0 <= block["max_swap_shift"] <= 1 and "max_swap_shift" not in twin
-    # the shipped pair's known state (docs/BENCHMARKS.md, sessions 16-17): the block model
-    # says "little" whatever is asked while copying the hero's kind from the same prompts; the
-    # twin trained on the same batches has begun to copy the adjective (p 0.12, little 0.20)
-    assert block["mean_p_little"] > 0.5 > 0.05 > block["mean_p_requested"]
-    assert block["mean_p_kind"] > 0.5 and 0 <= block["mean_p_requested_causal"] < 0.05
-    assert twin["mean_p_requested"] > 10 * block["mean_p_requested"]
-    assert twin["mean_p_little"] < block["mean_p_little"]
-
-
-def test_request_copy_probe_reads_a_twin_in_a_block_model_causally_as_the_twin(tmp_path,
-                                                                              one_thread):  # noqa: F811
-    """The twin's weights in a block model (block 4, one step at lr 1e-9): read causally, the
-    probe gives the twin's own p(requested) through transformers; and --by-position reports
-    every place of a 4-block."""
-    from celeris.train import train
-    probe = _bench_script("probe_request_copy")
-    train(tmp_path / "bd0", preset="tiny", steps=1, kind="bd", block_size=4,
-          init_from="models/celeris-tiny-ar", lr=1e-9, progress=False, eval_stories=2)
-    block, twin = probe.main([str(tmp_path / "bd0"), "--by-position",
-                              "--ar", "models/celeris-tiny-ar"])
-    assert block["mean_p_requested_causal"] == pytest.approx(twin["mean_p_requested"],
-                                                             rel=1e-2)
-    assert sorted(block["p_requested_by_block_position"]) == [0, 1, 2, 3]
-
-
 @pytest.mark.browser
 def test_html_report_opens_in_chromium_and_shows_its_charts(bench_run, chromium_path):
     from playwright.sync_api import sync_playwright
