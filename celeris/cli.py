@@ -91,7 +91,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------- train / eval
+def cmd_recipe(args: argparse.Namespace) -> int:
+    """``train --recipe``: every stage of a shipped model's recipe, then its card."""
+    from celeris.train.pipeline import run_recipe
+    try:
+        info = run_recipe(args.recipe, args.out, from_stage=args.from_stage,
+                          steps_scale=args.steps_scale, smoke=args.smoke)
+    except user_errors() as exc:
+        return error(exc)
+    card = f", card {info['card']}" if info["card"] else ""
+    print(f"recipe {info['recipe']}: {info['stages']} stages -> {info['model']}{card}")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.recipe:
+        return cmd_recipe(args)
+    if args.out is None:
+        return error("train needs --out DIR (or --recipe FILE)")
     if args.snapshot:
         from celeris.train import snapshot
         try:
@@ -110,11 +127,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("block_size", args.block_size),
                                              ("tokens_per_batch", args.tokens_per_batch),
                                              ("certainty", args.certainty),
-                                             ("copy_weight", args.copy_weight),
-                                             ("ar_weight", args.ar_weight),
-                                             ("mask_floor", args.mask_floor),
                                              ("masking", args.masking),
-                                             ("block_sizes", args.block_sizes),
                                              ("selfgen", args.selfgen),
                                              ("selfgen_prob", args.selfgen_prob))
                            if v is not None})
@@ -133,10 +146,7 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
         summary = distill_data(args.model, args.out, requests=args.requests, tasks=args.tasks,
                                batch=args.batch, seed=args.seed, resume=args.resume,
                                minutes=args.minutes, relabel_requests=not args.no_relabel,
-                               temperature=args.temperature,
-                               correct_requests=not args.no_correct,
-                               min_story_tokens=args.min_story_tokens,
-                               min_arcs=args.min_arcs)
+                               correct_requests=not args.no_correct, min_arcs=args.min_arcs)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -169,13 +179,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.card and not args.model:
             raise ValueError("--card needs --model (the directory to write the card into)")
         if args.card:
-            from celeris.train import storycheck
-            from celeris.train.card import card_samples, write_card
-            report["story_grammar"] = storycheck.measure(args.model, args.kind)
-            if args.kind == "diffusion":
-                report["infill_grammar"] = storycheck.measure_infill(args.model)
-                report["infill_grammar_alone"] = storycheck.measure_infill(args.model,
-                                                                           context=False)
+            from celeris.train.card import add_card_figures, card_samples, write_card
+            report = add_card_figures(report, args.model, args.kind)
             path = write_card(args.model, report, card_samples(args.model, args.kind, report))
             print(f"wrote {path}", file=sys.stderr)
     except user_errors() as exc:
@@ -243,8 +248,21 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a tiny model")
-    p.add_argument("--out", required=True, help="output model directory")
+    p = sub.add_parser("train", help="train a tiny model, or rebuild one from its recipe")
+    p.add_argument("--recipe", default=None, metavar="FILE",
+                   help="run every stage of a recipe (e.g. models/celeris-tiny-bd/recipe.toml) "
+                        "into --out (default runs/<model>)/stage-NN, skipping finished stages "
+                        "and resuming an interrupted one, then regenerate the model card")
+    p.add_argument("--from-stage", type=int, default=0, metavar="N",
+                   help="--recipe: start at stage N (the earlier ones must be finished in --out)")
+    p.add_argument("--steps-scale", type=float, default=1.0, metavar="X",
+                   help="--recipe: scale every stage's steps and distill-data prompts by X "
+                        "(0 < X <= 1; a smoke run)")
+    p.add_argument("--smoke", action="store_true",
+                   help="--recipe: train the micro model preset instead of the shipped size, "
+                        "and score its card on a few problems (with --steps-scale 0.01: "
+                        "every stage in about a minute)")
+    p.add_argument("--out", default=None, help="output model directory")
     p.add_argument("--minutes", type=float, default=None, help="wall-clock budget")
     p.add_argument("--steps", type=int, default=None, help="optimizer step budget")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -269,23 +287,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "request=0.15)")
     p.add_argument("--tokens-per-batch", type=int, default=None, metavar="N",
                    help="tokens per optimizer step, padding included (default: the preset's)")
-    p.add_argument("--block-sizes", default=None, metavar="LIST",
-                   help="bd: train each batch at a block size drawn from this list (e.g. "
-                        "4,8,16) so that one model can be measured at each; --block-size "
-                        "stays the one in config.json")
     p.add_argument("--certainty", type=float, default=None, metavar="W",
                    help="bd: weight of the entropy of right predictions (dParallel / CAP "
                         "certainty term; default 0)")
-    p.add_argument("--copy-weight", type=float, default=None, metavar="W",
-                   help="bd: loss weight (1-50, default 1) of the answer tokens a story "
-                        "request asks for (first mention of a prompt word that is not part "
-                        "of the request templates)")
-    p.add_argument("--ar-weight", type=float, default=None, metavar="W",
-                   help="bd: add W (0-10, default 0) times the twin's causal next-token loss "
-                        "of the same weights on the same batch")
-    p.add_argument("--mask-floor", type=float, default=None, metavar="T",
-                   help="bd: lowest masking rate a block draws (0-1, default 0; 1 masks every "
-                        "target: with --block-size 1 that is the twin's objective)")
     p.add_argument("--masking", choices=("random", "suffix"), default=None,
                    help="bd: which targets of a block are hidden: random (each at the block's "
                         "rate; default) or suffix (a clean prefix and a hidden rest, the states "
@@ -331,11 +335,6 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--minutes", type=float, default=None, help="stop after this long")
     p.add_argument("--resume", action="store_true", help="continue an existing file")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sample the answers at this temperature (0-2; default 0, greedy)")
-    p.add_argument("--min-story-tokens", type=int, default=0, metavar="N",
-                   help="drop story answers shorter than N tokens (0-448; default 0): with "
-                        "--temperature 1 a pool of longer stories")
     p.add_argument("--min-arcs", type=int, default=0, metavar="N",
                    help="lengthen every kept story to N plot arcs (1-4; default 0, off): the "
                         "missing arcs' paragraphs in the corpus's sentences, before the closing "

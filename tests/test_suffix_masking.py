@@ -75,9 +75,6 @@ def test_train_checks_masking_by_name(tmp_path):
     with pytest.raises(ValueError, match="masking is a block-diffusion"):
         train(tmp_path / "x", preset="micro", steps=1, kind="ar", progress=False,
               masking="suffix")
-    with pytest.raises(ValueError, match="mask_floor applies to masking='random'"):
-        train(tmp_path / "x", preset="micro", steps=1, kind="bd", progress=False,
-              masking="suffix", mask_floor=0.5)
 
 
 def test_a_suffix_run_trains_logs_and_names_it_in_the_card_command(tmp_path, monkeypatch):

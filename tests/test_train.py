@@ -514,11 +514,11 @@ def test_model_card_names_the_initialisation_and_the_exact_command():
     assert _train_command(mixed).endswith("--steps 3000 --seed 0 --mix "
                                           "story=0.4,task=0.45,request=0.15 --semi-ar-prob 0.5")
     bd = {**plain, "kind": "bd", "train_config": {
-        "lr": 3e-4, "block_size": 4, "certainty": 0.3, "copy_weight": 4.0,
+        "lr": 3e-4, "block_size": 4, "certainty": 0.3,
         "selfgen": "runs/selfgen4.jsonl", "selfgen_prob": 0.8}}
     assert _train_command(bd) == (
         "CELERIS_THREADS=2 python -m celeris train --kind bd --out models/celeris-tiny "
-        "--steps 3000 --seed 0 --lr 0.0003 --block-size 4 --certainty 0.3 --copy-weight 4 "
+        "--steps 3000 --seed 0 --lr 0.0003 --block-size 4 --certainty 0.3 "
         "--selfgen runs/selfgen4.jsonl --selfgen-prob 0.8")
 
 

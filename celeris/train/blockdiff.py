@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from celeris.train import copyweight
 from celeris.train.data import IGNORE, Batch, positions
 from celeris.train.objective import bf16_is_fast
 
@@ -43,7 +42,6 @@ class BlockInputs:
     index: torch.Tensor        # (B, N) column whose (shifted) logits predict each target
     targets: torch.Tensor      # (B, N) token ids, IGNORE where a row has fewer targets
     masked_frac: float         # fraction of scored positions masked (for logs)
-    weights: torch.Tensor | None = None   # (B, N) loss weight of each target; None = all 1
 
 
 def trim_to_targets(batch: Batch) -> Batch:
@@ -66,13 +64,11 @@ MASKINGS = ("random", "suffix")
 
 
 def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generator,
-                 eps: float = EPS, copy: tuple[torch.Tensor, float] | None = None,
                  masking: str = "random") -> BlockInputs:
     """A training batch. ``masking="random"``: each block's scored positions masked at its
     own rate t ~ U(eps, 1). ``masking="suffix"``: each block masks its scored positions from a
     place k ~ U{0..block_size-1} on, a clean prefix and a masked rest, the only states that
-    left-to-right decoding (``decoding="ltr"``, the default) ever shows the model.
-    ``copy`` = (template tokens, weight) weights the request's words (``copyweight``)."""
+    left-to-right decoding (``decoding="ltr"``, the default) ever shows the model."""
     if masking not in MASKINGS:
         raise ValueError(f"masking must be one of {', '.join(MASKINGS)}, got {masking!r}")
     batch = trim_to_targets(batch)
@@ -83,21 +79,16 @@ def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generat
         k = torch.randint(block_size, (B, int(blk.max()) + 1), generator=gen)    # (B, nblocks)
         hidden = pos % block_size >= k.gather(1, blk)
     else:
-        t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - eps) + eps  # (B, nblocks)
+        t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - EPS) + EPS  # (B, nblocks)
         hidden = torch.rand(B, L, generator=gen) < t.gather(1, blk)
     masked = hidden & _targets(batch.labels)                                    # (B, L)
-    weights = None
-    if copy is not None:
-        weights = copyweight.weights_for(batch.input_ids, _targets(batch.labels),
-                                         _real(batch), batch.source, *copy)
-    return masked_layout(batch, block_size, mask_id, masked, weights)
+    return masked_layout(batch, block_size, mask_id, masked)
 
 
-def masked_layout(batch: Batch, block_size: int, mask_id: int, masked: torch.Tensor,
-                  weights: torch.Tensor | None = None) -> BlockInputs:
+def masked_layout(batch: Batch, block_size: int, mask_id: int,
+                  masked: torch.Tensor) -> BlockInputs:
     """The [noisy, clean] layout of ``batch`` with the scored positions ``masked`` (B, L) hidden
-    in the noisy half (``block_inputs`` draws them at random; a probe can choose them);
-    ``weights`` (B, L), when given, are the loss weights of the positions."""
+    in the noisy half (``block_inputs`` draws them at random)."""
     ids, labels = batch.input_ids, batch.labels                                  # (B, L)
     B, L = ids.shape
     real = _real(batch)
@@ -116,9 +107,8 @@ def masked_layout(batch: Batch, block_size: int, mask_id: int, masked: torch.Ten
     order, targets = _chosen_targets(ids, masked)                              # (B, N)
     index = column.gather(1, order)
     frac = float(masked.sum()) / max(1, int(scored.sum()))
-    w = None if weights is None else weights.gather(1, order)                  # (B, N)
     return BlockInputs(torch.cat([noisy, ids], 1), torch.cat([pos, pos], 1), attn, index,
-                       targets, frac, w)
+                       targets, frac)
 
 
 def _real(batch: Batch) -> torch.Tensor:
@@ -169,9 +159,8 @@ def _attention(blk: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 
 def block_loss(model, inputs: BlockInputs, device: str, certainty: float = 0.0
                ) -> torch.Tensor:
-    """Mean cross-entropy over the masked targets (weighted by ``inputs.weights`` when
-    given), plus ``certainty`` x the mean entropy of the predictions that are already right
-    (argmax = target).
+    """Mean cross-entropy over the masked targets, plus ``certainty`` x the mean entropy of
+    the predictions that are already right (argmax = target).
 
     The certainty term is the confidence objective of dParallel's certainty-forcing
     distillation and LLaDA2.0's CAP: cross-entropy alone leaves a right prediction at, say,
@@ -184,39 +173,10 @@ def block_loss(model, inputs: BlockInputs, device: str, certainty: float = 0.0
                    logits_index=inputs.index.to(device)).logits                  # (B, N, V)
     logits = logits.float().flatten(0, 1)                                       # (B*N, V)
     targets = inputs.targets.to(device).flatten()
-    if inputs.weights is None:
-        loss = F.cross_entropy(logits, targets, ignore_index=IGNORE)
-    else:
-        ce = F.cross_entropy(logits, targets, ignore_index=IGNORE, reduction="none")
-        w = inputs.weights.to(device).flatten() * (targets != IGNORE)
-        loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
+    loss = F.cross_entropy(logits, targets, ignore_index=IGNORE)
     if certainty > 0:
         loss = loss + certainty * right_entropy(logits, targets)
     return loss
-
-
-def causal_loss(model, batch: Batch, device: str) -> torch.Tensor:
-    """Next-token cross-entropy of the same weights read causally (each position sees only the
-    ones before it, as the AR twin does) on the batch's targets: the twin's own objective,
-    added to the block loss with ``--ar-weight``.
-
-    Why: the twin's weights read as a block model still copy the adjective a request asks for,
-    and block-diffusion training erases that copy while the twin's objective alone keeps it.
-    Training both on shared weights was the test of whether the causal signal protects it: at
-    weights 1 and 0.3 it did not (docs/BENCHMARKS.md, session 16)."""
-    batch = trim_to_targets(batch)
-    ids = batch.input_ids                                                       # (B, L)
-    B, L = ids.shape
-    real = _real(batch)
-    causal = torch.ones(L, L, dtype=torch.bool).tril()                          # (L, L)
-    attn = causal[None, None] & real[:, None, None, :]                          # (B, 1, L, L)
-    attn = attn | ~attn.any(-1, keepdim=True)      # padding rows see everything (no NaN)
-    order, targets = _chosen_targets(ids, _targets(batch.labels))              # (B, N)
-    # the model shifts by one column itself: column j's logits come from the state at j-1
-    logits = model(ids.to(device), position_ids=positions(batch.attention_mask, ids).to(device),
-                   attn_mask=attn.to(device), logits_index=order.to(device)).logits
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.to(device).flatten(),
-                           ignore_index=IGNORE)
 
 
 def right_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -69,12 +69,6 @@ def _bd_options(kind: str | None, tc: dict[str, Any]) -> str:
         extra += f" --block-size {tc['block_size']}"
     if tc.get("certainty"):
         extra += f" --certainty {tc['certainty']:g}"
-    if tc.get("copy_weight", 1.0) != 1.0:
-        extra += f" --copy-weight {tc['copy_weight']:g}"
-    if tc.get("ar_weight"):
-        extra += f" --ar-weight {tc['ar_weight']:g}"
-    if tc.get("mask_floor"):
-        extra += f" --mask-floor {tc['mask_floor']:g}"
     if tc.get("masking", "random") != "random":
         extra += f" --masking {tc['masking']}"
     if tc.get("selfgen"):
@@ -198,8 +192,30 @@ def _infill_lines(result: dict[str, Any] | None,
     return [line + ".", ""]
 
 
+def _recipe_lines(recipe: Path) -> list[str]:
+    """The Training section's account of a model made by a recipe: the one command and a
+    table of its stages (the recipe file beside the weights holds every setting)."""
+    from celeris.train.recipe import load_recipe
+
+    r = load_recipe(recipe)
+    rows = [f"Made by `python -m celeris train --recipe models/{r.model}/recipe.toml` (the "
+            "stages below; every setting is in `recipe.toml` beside these weights):", "",
+            "| stage | run | kind | steps | self-distillation |", "|---|---|---|---|---|"]
+    for st in r.stages:
+        if st.same_as is not None:
+            rows.append(f"| {st.index} | {st.name} | stage {st.same_as.stage} of "
+                        f"`{st.same_as.recipe.parent.name}` | | |")
+            continue
+        distill = ("its own answers" if st.distill else
+                   f"stage {st.selfgen.stage}'s answers" if st.selfgen else "")
+        runs = f" x {len(st.runs)} (averaged)" if st.runs else ""
+        rows.append(f"| {st.index} | {st.name} | {st.kind} | {st.steps}{runs} | {distill} |")
+    return rows + [""]
+
+
 def write_card(model_dir: str | Path, report: dict[str, Any],
-               samples: list[dict[str, Any]] | None = None, *, command: str = "") -> Path:
+               samples: list[dict[str, Any]] | None = None, *, command: str = "",
+               recipe: Path | None = None) -> Path:
     model_dir = Path(model_dir)
     log = json.loads((model_dir / "train_log.json").read_text())
     config = json.loads((model_dir / "config.json").read_text())
@@ -231,8 +247,8 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         "training.", "",
         "```json", json.dumps(log.get("data") or describe(), indent=1), "```", "",
         "## Training", "",
-        *_init_lines(log), *_objective_lines(log),
-        f"- command: `{command or _train_command(log)}`",
+        *(_recipe_lines(recipe) if recipe else _init_lines(log)), *_objective_lines(log),
+        *([] if recipe else [f"- command: `{command or _train_command(log)}`"]),
         f"- steps: {log.get('steps')}, tokens seen: {log.get('tokens_seen', 0):,}, "
         f"wall time: {log.get('wall_time_s', 0) / 60:.1f} min, "
         f"throughput: {log.get('tokens_per_s', 0):,.0f} tokens/s",
@@ -318,3 +334,28 @@ def card_samples(model_dir: str | Path, kind: str, report: dict[str, Any]) -> li
         out.append({"prompt": text, "decoding": f"{span} token{'s' * (span > 1)} per span",
                     "output": engine.infill_text(text, params, span=span)})
     return out
+
+
+def add_card_figures(report: dict[str, Any], model_dir: str | Path, kind: str,
+                     openings: int | None = None) -> dict[str, Any]:
+    """``report`` (an ``evaluate`` report) with the card's story grammar and, for a diffusion
+    model, its infill scores (``openings``: how many stories each; default the checks' own)."""
+    from celeris.train import storycheck
+    n = {} if openings is None else {"n": openings}
+    report["story_grammar"] = storycheck.measure(str(model_dir), kind, **n)
+    if kind == "diffusion":
+        report["infill_grammar"] = storycheck.measure_infill(str(model_dir), **n)
+        report["infill_grammar_alone"] = storycheck.measure_infill(str(model_dir),
+                                                                   context=False, **n)
+    return report
+
+
+def regenerate_card(model_dir: str | Path, kind: str, *, limit: int | None = None,
+                    openings: int | None = None, recipe: Path | None = None) -> Path:
+    """What ``celeris eval --card`` does: evaluate, measure, write README.md and eval.json
+    (``limit`` problems per task; ``recipe`` quoted in the Training section)."""
+    from celeris.train.evaluate import evaluate
+    kind = "ar" if kind == "ar" else "diffusion"
+    report = add_card_figures(evaluate(model=str(model_dir), kind=kind, limit=limit),
+                              model_dir, kind, openings)
+    return write_card(model_dir, report, card_samples(model_dir, kind, report), recipe=recipe)

@@ -42,7 +42,6 @@ from celeris.train import stream as _stream
 from celeris.train import tasks as _tasks
 
 TEACHER = {"temperature": 0.0, "cache": "prefix"}    # over the model's default decoding
-MAX_TEMPERATURE = 2.0
 MAX_NEW_TOKENS = 448
 
 
@@ -254,21 +253,10 @@ def _done_count(path: Path) -> int:
 def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
                  minutes: float | None = None, progress: bool = True,
-                 relabel_requests: bool = True, temperature: float = 0.0,
-                 correct_requests: bool = True, min_story_tokens: int = 0,
+                 relabel_requests: bool = True, correct_requests: bool = True,
                  min_arcs: int = 0) -> dict[str, Any]:
-    """Answer the prompts with ``model`` and append the kept answers to ``out``.
-
-    ``temperature`` > 0 samples the answers instead of taking the greedy ones (each prompt
-    seeded from ``seed`` and its position, so a resumed run draws what an unbroken one would):
-    greedy answers to similar requests are nearly one story, and a model distilled on them
-    narrows towards it (docs/BENCHMARKS.md, session 13).
-
-    ``min_story_tokens`` drops a story answer shorter than that many tokens before any check
-    (counted in the summary's "too_short"). Session 17's model wrote ~133-token greedy stories,
-    shorter than the corpus's 150-400; sampled at T = 1 about one story in six was 150 or longer,
-    but a pool of those did not lengthen the greedy ones (docs/BENCHMARKS.md, session 17);
-    ``min_arcs`` did (session 18).
+    """Answer the prompts with ``model`` (greedy, at its own default decoding) and append the
+    kept answers to ``out``.
 
     ``min_arcs`` (1-4; 0 = off) lengthens every kept story to show that many plot arcs
     (``lengthen``: the missing arcs' paragraphs, in the corpus's own sentences, before the
@@ -280,12 +268,6 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
     if not isinstance(batch, int) or not 1 <= batch <= 256:
         raise ValueError(f"batch must be an integer in [1, 256], got {batch!r}")
-    if not isinstance(temperature, (int, float)) or not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE}], "
-                         f"got {temperature!r}")
-    if not isinstance(min_story_tokens, int) or not 0 <= min_story_tokens <= MAX_NEW_TOKENS:
-        raise ValueError(f"min_story_tokens must be an integer in [0, {MAX_NEW_TOKENS}], "
-                         f"got {min_story_tokens!r}")
     arcs = len(_corpus.LONG_PLOT_ARCS)
     if not isinstance(min_arcs, int) or isinstance(min_arcs, bool) or not 0 <= min_arcs <= arcs:
         raise ValueError(f"min_arcs must be an integer in [0, {arcs}], got {min_arcs!r}")
@@ -298,29 +280,21 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     if not engine.block_causal:
         raise ValueError(f"{model} is not a block-diffusion model (config attention "
                          f"'block_causal'); distill-data writes a block model's own answers")
-    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS,
-                                             **{**TEACHER, "temperature": float(temperature)})
-    teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER,
-               "temperature": float(temperature)}
+    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS, **TEACHER)
+    teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER}
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
-    seen, relabelled, corrected, short = {"task": 0, "longreq": 0}, 0, 0, 0
+    seen, relabelled, corrected = {"task": 0, "longreq": 0}, 0, 0
     lengthened = not_lengthened = 0
     with out.open("a") as f:
         for i in range(done, len(todo), batch):
             chunk = todo[i:i + batch]
-            # sampled: one seed per prompt, from its position in the fixed prompt list
-            step = params if not temperature else [params.replace(seed=seed * 1_000_003 + i + j)
-                                                   for j in range(len(chunk))]
             results = engine.generate_batch([[{"role": "user", "content": text}]
-                                             for _, text, _ in chunk], step)
+                                             for _, text, _ in chunk], params)
             for (source, text, spec), r in zip(chunk, results):
                 seen[source] += 1
                 tokens += len(r.token_ids)
                 nfe += r.nfe
-                if source == "longreq" and r.usage.completion_tokens < min_story_tokens:
-                    short += 1
-                    continue
                 rec, asked = _record_and_request(source, text, r.text, spec,
                                                  relabel_requests, correct_requests)
                 if rec is not None and min_arcs and source == "longreq":
@@ -337,12 +311,12 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
             if progress:
                 print(f"distill-data: {i + len(chunk)}/{len(todo)} prompts, kept {kept} "
                       f"({corrected} stories corrected, {relabelled} relabelled, "
-                      f"{short} too short, {lengthened} lengthened), "
+                      f"{lengthened} lengthened), "
                       f"{tokens / max(time.time() - t0, 1e-9):.0f} tok/s", flush=True)
             if minutes is not None and time.time() - t0 > minutes * 60:
                 break
     return {"out": str(out), "answered": seen, "kept": kept, "relabelled": relabelled,
-            "corrected": corrected, "too_short": short, "lengthened": lengthened,
+            "corrected": corrected, "lengthened": lengthened,
             "not_lengthened": not_lengthened,
             "tokens": tokens,
             "tokens_per_forward": tokens / nfe if nfe else 0.0,

@@ -6,8 +6,8 @@ same tokenizer).
     train("models/celeris-tiny", steps=N, init_from="models/celeris-tiny-ar")   # LLaDA-style
     train("runs/bd", minutes=40, kind="bd", init_from="runs/ar")                # block diffusion
 
-Each model card records the whole chain of commands that made the shipped weights;
-docs/BENCHMARKS.md ("Training diary") records the recipes that were tried and what they gave.
+A shipped model's stages are in ``models/<name>/recipe.toml``, run end to end by
+``celeris train --recipe`` (``celeris.train.pipeline``), which calls ``train`` once a run.
 
 A run is deterministic for a seed on one machine and thread count (``CELERIS_THREADS``):
 model init from ``torch.manual_seed``, data from a seeded ``random.Random``, masking from a
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from celeris.train import corpus as _corpus
 from celeris.train import stream as _stream
-from celeris.train import blockdiff, checkpoints, copyweight, objective
+from celeris.train import blockdiff, checkpoints, objective
 from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher, positions
 
@@ -56,14 +56,13 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
                  semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
-                 eval_stories=128, block_size=8, block_sizes=None, certainty=0.0,
-                 copy_weight=1.0, ar_weight=0.0, mask_floor=0.0, masking="random",
-                 selfgen=None, selfgen_prob=0.0, log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2),
+                 eval_stories=128, block_size=8, certainty=0.0, masking="random",
+                 selfgen=None, selfgen_prob=0.0, log_every=10, ckpt_every=200, eval_every=500,
+                 keep_checkpoints=2),
     "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
                   betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
                   semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
-                  block_size=4, block_sizes=None, certainty=0.0, copy_weight=1.0,
-                  ar_weight=0.0, mask_floor=0.0, masking="random", selfgen=None,
+                  block_size=4, certainty=0.0, masking="random", selfgen=None,
                   selfgen_prob=0.0, log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
 }
 
@@ -156,25 +155,13 @@ def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torc
 
 
 def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: int,
-                 certainty: float = 0.0, block_sizes: tuple[int, ...] | None = None,
-                 copy: tuple[torch.Tensor, float] | None = None, ar_weight: float = 0.0,
-                 mask_floor: float = 0.0, masking: str = "random") -> torch.Tensor:
-    """Block-diffusion loss; with ``block_sizes`` each batch is cut into blocks of a size
-    drawn from them (so one run can be decoded, and compared, at several block sizes);
-    ``copy`` = (template tokens, weight) weights a request's words (``copyweight``);
-    ``ar_weight`` adds that times the twin's causal next-token loss on the same batch;
-    ``mask_floor`` is the lowest masking rate a block draws (1: every target masked);
-    ``masking`` = "random" or "suffix" (``blockdiff.block_inputs``)."""
-    if block_sizes:
-        block_size = block_sizes[int(torch.randint(len(block_sizes), (1,), generator=gen))]
+                 certainty: float = 0.0, masking: str = "random") -> torch.Tensor:
+    """Block-diffusion loss (``blockdiff``): ``masking`` = "random" or "suffix"
+    (``blockdiff.block_inputs``), ``certainty`` the weight of the certainty term."""
     inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen,
-                                    eps=max(blockdiff.EPS, mask_floor), copy=copy,
                                     masking=masking)
     with autocast_ctx(device):
-        loss = blockdiff.block_loss(model, inputs, device, certainty)
-        if ar_weight:
-            loss = loss + ar_weight * blockdiff.causal_loss(model, batch, device)
-        return loss
+        return blockdiff.block_loss(model, inputs, device, certainty)
 
 
 def ar_step_loss(model, batch, device: str) -> torch.Tensor:
@@ -230,22 +217,9 @@ def _check_budget(kind: str, preset: str, steps: int | None, minutes: float | No
         raise ValueError(f"minutes must be positive, got {minutes!r}")
 
 
-def _parse_sizes(value: Any) -> list[int]:
-    sizes = value
-    if isinstance(sizes, str):
-        try:
-            sizes = [int(x) for x in sizes.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(f"block_sizes: expected integers like 4,8,16, got "
-                             f"{value!r}") from None
-    if not sizes or any(not isinstance(x, int) or not 1 <= x <= 64 for x in sizes):
-        raise ValueError(f"block_sizes must be integers in [1, 64], got {sizes!r}")
-    return sorted(set(sizes))
-
-
 def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
     """The preset's training settings with ``overrides`` applied, validated and normalised
-    (a mix as a dict of source weights, block sizes as a sorted list) as they are logged."""
+    (a mix as a dict of source weights) as they are logged."""
     unknown = sorted(set(overrides) - set(TRAIN_PRESETS[preset]))
     if unknown:
         raise ValueError(f"unknown training setting(s): {', '.join(unknown)}; "
@@ -255,25 +229,13 @@ def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[st
         raise ValueError(f"lr must be in (0, 1], got {tp['lr']!r}")
     if not (isinstance(tp["certainty"], (int, float)) and 0 <= tp["certainty"] <= 10):
         raise ValueError(f"certainty must be in [0, 10], got {tp['certainty']!r}")
-    tp["copy_weight"] = copyweight.check_weight(tp["copy_weight"])
-    if not (isinstance(tp["ar_weight"], (int, float)) and 0 <= tp["ar_weight"] <= 10):
-        raise ValueError(f"ar_weight must be in [0, 10], got {tp['ar_weight']!r}")
-    if not (isinstance(tp["mask_floor"], (int, float)) and 0 <= tp["mask_floor"] <= 1):
-        raise ValueError(f"mask_floor must be in [0, 1], got {tp['mask_floor']!r}")
     if tp["masking"] not in blockdiff.MASKINGS:
         raise ValueError(f"masking must be one of {', '.join(blockdiff.MASKINGS)}, "
                          f"got {tp['masking']!r}")
-    if tp["masking"] == "suffix" and tp["mask_floor"]:
-        raise ValueError("mask_floor applies to masking='random' (suffix masking draws "
-                         "no rate)")
-    bd_only = [name for name in ("certainty", "block_sizes", "ar_weight", "mask_floor")
-               if tp[name]]
+    bd_only = ["certainty"] if tp["certainty"] else []
     bd_only += ["masking"] if tp["masking"] != "random" else []
-    bd_only += ["copy_weight"] if tp["copy_weight"] != 1.0 else []
     if bd_only and kind != "bd":
         raise ValueError(f"{bd_only[0]} is a block-diffusion (kind='bd') setting")
-    if tp["block_sizes"] is not None:
-        tp["block_sizes"] = _parse_sizes(tp["block_sizes"])
     if tp["selfgen"] is not None:
         tp["selfgen"] = str(tp["selfgen"])
         _stream.load_pool(tp["selfgen"])          # fails early, naming the file and line
@@ -343,7 +305,6 @@ class _Run:
                                prefix_prob=tp["prefix_prob"],
                                semi_ar_prob=tp.get("semi_ar_prob", 0.0))
         self.gen = torch.Generator().manual_seed(seed + 1)
-        self.copy = self._copy_setting(tok)
         self.step, self.tokens_seen, self.prior_wall = 0, 0, 0.0
         self.losses: list[float] = []
         self.curve: list[dict[str, Any]] = []
@@ -352,17 +313,6 @@ class _Run:
             self.restore(ckpt)
         self.n_params = sum(p.numel() for p in self.model.parameters())
         self.eval_seqs = eval_sequences(tok, tp["eval_stories"])
-
-    def _copy_setting(self, tok) -> tuple[torch.Tensor, float] | None:
-        """(template tokens, weight) for a bd run with a copy weight, else None."""
-        weight = self.tp.get("copy_weight", 1.0)
-        if self.kind != "bd" or weight == 1.0:
-            return None
-        b = self.batcher
-
-        def encode(text: str) -> list[int]:
-            return b.encode(b.render_chat([{"role": "user", "content": text}]))
-        return copyweight.template_tokens(encode, round_vocab(tok.get_vocab_size())), weight
 
     # ---------------------------------------------------------------- state
     def restore(self, ckpt: dict[str, Any]) -> None:
@@ -421,9 +371,7 @@ class _Run:
             return diffusion_step_loss(self.model, batch, self.gen, self.device)
         if self.kind == "bd":
             return bd_step_loss(self.model, batch, self.gen, self.device, tp["block_size"],
-                                tp.get("certainty", 0.0), tp.get("block_sizes"), self.copy,
-                                tp.get("ar_weight", 0.0), tp.get("mask_floor", 0.0),
-                                tp.get("masking", "random"))
+                                tp.get("certainty", 0.0), tp.get("masking", "random"))
         return ar_step_loss(self.model, batch, self.device)
 
     def optimise(self) -> tuple[float, Any]:
@@ -456,12 +404,13 @@ class _Run:
                          self.tp.get("block_size", 8))
 
 
-def _progress_bar(run: _Run, enabled: bool):
+def _progress_bar(run: _Run, enabled: bool, label: str | None = None):
     if not enabled:
         return None
     from tqdm import tqdm
     return tqdm(total=run.total, initial=run.step, unit="step", dynamic_ncols=True,
-                mininterval=1.0 if sys.stderr.isatty() else 30.0, desc=f"train {run.kind}")
+                mininterval=1.0 if sys.stderr.isatty() else 30.0,
+                desc=label or f"train {run.kind}")
 
 
 def _loop(run: _Run, limit_s: float | None, stop_at: int | None, bar) -> bool:
@@ -506,7 +455,8 @@ def _loop(run: _Run, limit_s: float | None, stop_at: int | None, bar) -> bool:
 def train(out: str | Path, *, minutes: float | None = None, steps: int | None = None,
           device: str = "cpu", resume: bool = False, seed: int = 0, kind: str = "diffusion",
           preset: str | None = "tiny", progress: bool = True, stop_at: int | None = None,
-          init_from: str | Path | None = None, **overrides: Any) -> dict[str, Any]:
+          init_from: str | Path | None = None, label: str | None = None,
+          **overrides: Any) -> dict[str, Any]:
     """Train a model into ``out``; returns a summary dict (also in ``out/train_log.json``).
 
     steps:   optimizer steps (deterministic budget; the cosine schedule spans them).
@@ -515,6 +465,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     resume:  continue from the latest checkpoint in ``out/checkpoints`` (same settings).
     stop_at: stop (with a checkpoint) after this step, as an interruption would; the run can
              then be resumed (tests).
+    label:   the progress bar's name (default "train KIND").
     init_from: start from the weights and tokenizer of a trained model of the same preset:
              for diffusion/bd the AR twin (AR-to-diffusion adaptation as Dream-7B does from
              Qwen2.5; shifted logits keep each position's prediction where the AR model put
@@ -540,7 +491,7 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
     tok = load_tokenizer(out, ckpt is not None, init_from, tp, seed)
     run = _Run(out, kind, preset, seed, device, tp, tok, init_from, steps, ckpt)
 
-    bar = _progress_bar(run, progress)
+    bar = _progress_bar(run, progress, label)
     stopped_by_time = _loop(run, minutes * 60 if minutes is not None else None, stop_at, bar)
     if bar is not None:
         bar.close()
