@@ -243,22 +243,3 @@ def test_long_decoding_keeps_the_default_steps_per_block():
     half = longcheck.long_params(base.replace(steps=32), 448)
     assert half.steps == 14 * 16 and half.steps_per_block == 16
     assert longcheck.long_params(GenerationParams(block_length=8), 20).steps is None
-
-
-def test_measure_long_answers_chat_requests_and_counts_tokens_and_forwards(tmp_path):
-    from tests.test_bench_fixture import tiny_ar_dir, tiny_model_dir
-
-    model = tiny_model_dir(tmp_path / "m")
-    out = longcheck.measure_long(str(model), n=2, max_new_tokens=16)
-    assert out["requests"] == out["texts"] == 2 and len(out["samples"]) == 2
-    assert 0 < out["generated_tokens"] <= 32 and out["forwards"] >= 2
-    assert out["tokens_per_forward"] == out["generated_tokens"] / out["forwards"]
-    assert sum(out["finish_reasons"].values()) == 2 and "gen 16" in out["decoding"]
-    assert out["hero_kept"] == 0.0                  # a random model introduces nobody
-
-    ar = longcheck.measure_long(str(tiny_ar_dir(tmp_path / "ar", model)), "ar", n=2,
-                                max_new_tokens=8)
-    assert ar["texts"] == 2 and 0 < ar["generated_tokens"] <= 16 and ar["forwards"] is None
-    assert ar["tokens_per_forward"] is None
-    with pytest.raises(ValueError, match="kind must be 'diffusion' or 'ar', got 'gpt'"):
-        longcheck.measure_long(str(model), "gpt")

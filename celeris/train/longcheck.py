@@ -5,7 +5,7 @@ paragraph. These checks read that off the text with the lexicon of ``celeris.tra
 who the first sentence introduces (``hero_of``), which names the story introduces later ("met a
 shy cat named Mia"), and whether every name it uses was introduced, once (``hero_kept``);
 ``request_honoured`` checks the story against its request, ``long_score`` scores a batch (with
-``storycheck.score``'s grammar) and ``measure_long`` a model.
+``storycheck.score``'s grammar; ``celeris bench --suite stories`` scores a model with it).
 """
 
 from __future__ import annotations
@@ -323,42 +323,3 @@ def long_params(default, max_new_tokens: int):
     if default.steps is None:
         return longer
     return longer.replace(steps=default.steps_per_block * longer.num_blocks)
-
-
-def measure_long(model_dir: str, kind: str = "diffusion", *, n: int = LONG_REQUESTS,
-                 max_new_tokens: int = LONG_NEW_TOKENS) -> dict:
-    """Answer ``n`` held-out long-story requests (chat messages, one at a time) and score the
-    answers with ``long_score``.
-
-    Diffusion: ``Engine.generate`` with the model's default decoding at gen_length =
-    ``max_new_tokens`` (``long_params``); ``forwards`` is the summed NFE, so
-    ``tokens_per_forward`` is comparable to bench figures. AR: ``ARBaseline`` greedy with a KV
-    cache, one forward per token, so ``forwards`` is None."""
-    from celeris import ARBaseline, Engine
-
-    if kind not in ("diffusion", "ar"):
-        raise ValueError(f"kind must be 'diffusion' or 'ar', got {kind!r}")
-    requests = C.heldout_long_requests(n)
-    chats = [[{"role": "user", "content": r.text}] for r in requests]
-    if kind == "ar":
-        ar = ARBaseline.from_pretrained(str(model_dir), device="cpu")
-        results = [ar.generate_batch([chat], max_new_tokens)[0] for chat in chats]
-        texts = [r["text"] for r in results]
-        tokens, forwards = sum(r["completion_tokens"] for r in results), None
-        finish = [r["finish_reason"] for r in results]
-        decoding = f"greedy generate, {max_new_tokens} new tokens at most"
-    else:
-        engine = Engine.from_pretrained(model_dir, device="cpu")
-        params = long_params(engine.default_params(), max_new_tokens)
-        results = [engine.generate(chat, params) for chat in chats]
-        texts = [r.text for r in results]
-        tokens = sum(r.usage.completion_tokens for r in results)
-        forwards = sum(r.nfe for r in results)
-        finish = [str(r.finish_reason) for r in results]
-        decoding = (f"{params.decoding}, gen {params.gen_length}, block {params.block_length}, "
-                    f"steps {params.steps}, temperature {params.temperature:g}")
-    return {**long_score(texts, requests), "requests": n, "decoding": decoding,
-            "generated_tokens": tokens, "forwards": forwards,
-            "tokens_per_forward": tokens / forwards if forwards else None,
-            "finish_reasons": {f: finish.count(f) for f in sorted(set(finish))},
-            "samples": texts[:3]}
