@@ -1,7 +1,13 @@
 """Celeris composition root: args -> Engine -> FastAPI (/v1, /health) + Gradio playground at /,
 all on one port. The only module where celeris, celeris.server and ui meet.
 
-    python app.py [--model DIR] [--host 127.0.0.1] [--port 7860] [--api-key KEY]
+    python app.py [--model DIR] [--models DIR,DIR] [--host 127.0.0.1] [--port 7860]
+                  [--api-key KEY]
+
+Each browser tab picks its model among the ``--models`` the operator offers (default: the
+shipped ones); engines are loaded once per directory and shared. With an API key, the
+playground asks for it too (any user name, the key as password), and so does every Gradio
+endpoint.
 
 Also the Hugging Face Space entry point (README front matter: app_file: app.py); Spaces set
 GRADIO_SERVER_NAME / GRADIO_SERVER_PORT, which are honoured. Importing this module starts
@@ -11,6 +17,8 @@ nothing: tests call ``build_app(engine)``.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import os
 import socket
 import sys
@@ -35,6 +43,13 @@ except ImportError:
     GPU_DECORATOR = None
 
 
+ROOT = os.path.dirname(os.path.abspath(__file__))
+SHIPPED_MODELS = tuple(os.path.join(ROOT, "models", name)
+                       for name in ("celeris-tiny-bd", "celeris-tiny"))
+LOGIN_MESSAGE = ("This Celeris server requires its API key: enter any user name and the key "
+                 "(CELERIS_API_KEY) as the password.")
+
+
 # ---------------------------------------------------------------------- arguments
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     env = os.environ
@@ -42,6 +57,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=None,
                    help="local model directory or hub id (default: models/celeris-tiny-bd, "
                         "block diffusion; models/celeris-tiny is the full-canvas one)")
+    p.add_argument("--models", default=None, metavar="DIR,DIR",
+                   help="the models a visitor may pick in the playground's Model tab, "
+                        "comma-separated local directories (default: the shipped "
+                        "models/celeris-tiny-bd and models/celeris-tiny); --model is always "
+                        "offered")
+    p.add_argument("--allow-model-paths", action="store_true",
+                   help="also let visitors load any local model directory the server can "
+                        "read (off by default: only --models are offered)")
     p.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to bind (default 127.0.0.1; env GRADIO_SERVER_NAME)")
     p.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", "7860")),
@@ -77,6 +100,18 @@ def key_refusal(args: argparse.Namespace) -> str | None:
     return (f"refusing to listen on {args.host} without an API key: anyone who can connect "
             "could use the model. Set CELERIS_API_KEY (or --api-key), or pass --allow-no-key "
             "(env CELERIS_ALLOW_NO_KEY=1) to serve an open demo")
+
+
+def offered_models(spec: str | None) -> tuple[list[str], str | None]:
+    """(directories, None) from ``--models``, or ([], why) when one is not a model directory.
+    Without ``--models``: the shipped models that are present."""
+    if spec is None:
+        return [m for m in SHIPPED_MODELS if os.path.isfile(os.path.join(m, "config.json"))], None
+    dirs = [part.strip() for part in spec.split(",") if part.strip()]
+    for d in dirs:
+        if not os.path.isfile(os.path.join(d, "config.json")):
+            return [], f"--models: {d} is not a model directory (no config.json in it)"
+    return dirs, None
 
 
 # ---------------------------------------------------------------------- engine
@@ -129,17 +164,37 @@ def build_api(engine: Any, api_key: str | None, host: str, error: str | None) ->
 def build_app(engine: Any, api_key: str | None = None, *, host: str = "127.0.0.1",
               error: str | None = None, ar_path: str | None = None,
               canvas_path: str | None = None, concurrency: int = 4,
-              frame_interval: float = 0.04) -> FastAPI:
-    """The one FastAPI app: /v1, /health and /ready routes first, then the playground at /."""
+              frame_interval: float = 0.04, models: Sequence[str] | None = None,
+              allow_model_paths: bool = False, device: str = "auto",
+              dtype: str = "auto") -> FastAPI:
+    """The one FastAPI app: /v1, /health and /ready routes first, then the playground at /.
+    With ``api_key``, the playground and every Gradio endpoint need it too (Gradio's login:
+    any user name, the key as password)."""
     api = build_api(engine, api_key, host, error)
     slot = ui.EngineSlot(engine, error, ar_path=ar_path, canvas_path=canvas_path,
+                         models=offered_models(None)[0] if models is None else models,
+                         allow_paths=allow_model_paths, device=device, dtype=dtype,
                          api_key_required=bool(api_key),
                          gpu=GPU_DECORATOR, concurrency=concurrency,
                          frame_interval=frame_interval)
+    api.state.ui_slot = slot
     demo = ui.build_blocks(slot)
     demo.queue(max_size=64, default_concurrency_limit=concurrency)
+    login = dict(auth=password_check(api_key), auth_message=LOGIN_MESSAGE) if api_key else {}
     return gr.mount_gradio_app(api, demo, path="/", theme=ui.theme(), css=ui.css(),
-                               head=ui.HEAD, ssr_mode=False, show_error=True)
+                               head=ui.HEAD, ssr_mode=False, show_error=True, **login)
+
+
+def password_check(api_key: str) -> Callable[[str, str], bool]:
+    """The playground's login (Gradio's ``auth``): any user name, the API key as the
+    password, compared in constant time (digests of equal length, like the bearer key)."""
+    expected = hashlib.sha256(api_key.encode("utf-8")).digest()
+
+    def check(username: str, password: str) -> bool:
+        given = hashlib.sha256((password or "").encode("utf-8")).digest()
+        return hmac.compare_digest(given, expected)
+
+    return check
 
 
 # ---------------------------------------------------------------------- serving
@@ -171,21 +226,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.share:
         print("note: --share is not available when the playground is mounted next to the API; "
               "use a Hugging Face Space or your own tunnel instead", file=sys.stderr)
+    models, why = offered_models(args.models)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 2
     engine, error = load_engine(args.model, args.device, args.dtype)
     if engine is None and args.model is not None:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if engine is None:
-        print(f"warning: {error}\n         the playground starts without a model; load one "
+        print(f"warning: {error}\n         the playground starts without a model; pick one "
               "in its Model tab", file=sys.stderr)
     app = build_app(engine, args.api_key, host=args.host, error=error, ar_path=args.ar_model,
-                    canvas_path=args.canvas_model)
+                    canvas_path=args.canvas_model, models=models,
+                    allow_model_paths=args.allow_model_paths, device=args.device,
+                    dtype=args.dtype)
     url = public_url(args.host, args.port)
     print(f"Celeris playground: {url}   API: {url}/v1   (Ctrl+C to stop)", flush=True)
     server = make_server(app, args.host, args.port, args.drain_timeout)
     try:
         server.run()
     finally:
+        app.state.ui_slot.close()   # the models visitors picked (never the /v1 one)
         if engine is not None:
             stop_engine(engine)
     return server.exit_code()

@@ -151,7 +151,7 @@ def test_playground_runs_every_preset_and_its_canvas_shows_the_model_blocks(bd_e
     # the replay steps through the growing canvas: step 1 shows only the first block
     n = Trajectory.from_dict(data).num_steps
     assert after_run(data)[1].startswith(f"step {n} of {n}")
-    first, caption = replay_at(data, 1)
+    first, caption, _ = replay_at(data, 1)
     assert len(first) == (starts[1] if len(starts) > 1 else len(parsed))
     assert "step 1 of" in caption
 
@@ -160,7 +160,7 @@ def test_chat_answers_with_every_preset_on_a_block_model(dirs):
     slot = EngineSlot(Engine.from_pretrained(dirs["bd8"], device="cpu"), frame_interval=0.0)
     history = [{"role": "user", "content": "hello"}]
     for name in PRESETS:
-        replies = list(make_respond(slot)(history, name, 16, None))
+        replies = [chat for chat, _ in make_respond(slot)(history, name, 16, None)]
         assert replies and replies[-1][-1]["role"] == "assistant"
         assert replies[-1][-1]["content"]
 
@@ -203,7 +203,8 @@ def test_a_full_attention_model_fills_itself(dirs):
     slot = EngineSlot(engine, canvas_path=dirs["full"], frame_interval=0.0)
     assert model_note(slot) == "Fills with the loaded model, **tiny-full** (full attention)."
     frames = list(make_fill(slot)("Once upon a [MASK] there was a fox.", 1, "fixed", None))
-    assert frames[-1][2]["state"] == "done" and not slot.canvas_loaded
+    assert frames[-1][2]["state"] == "done"
+    assert slot.canvas_model()[0] is engine          # the same directory: one shared engine
 
 
 def test_the_api_tab_snippet_uses_the_loaded_model_block_length(bd_engine):

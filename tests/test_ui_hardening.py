@@ -262,29 +262,30 @@ def test_api_tab_states_the_max_tokens_range_of_the_context():
     assert "`max_tokens`: 1 to 511" in text and "at most 512" in text
 
 
-def test_a_failed_model_load_is_a_status_line_not_an_error():
+def test_a_failed_model_load_is_a_status_line_not_an_error(tmp_path):
     from ui.context import EngineSlot
-    from ui.model_tab import make_load
+    from ui.model_tab import make_choose
 
     def refuse(path, device, dtype):
         raise FileNotFoundError(f"model directory not found: {path}")
 
-    load = make_load(EngineSlot(None, engine_factory=refuse))
-    info, status = load("/nope", "cpu", "auto", progress=lambda *a, **k: None)
-    assert info == gr.skip() and "Could not load the model" in status and "/nope" in status
-    info, status = load("  ", "cpu", "auto", progress=lambda *a, **k: None)
-    assert "Enter the path" in status
+    slot = EngineSlot(None, models=[tmp_path / "broken"], engine_factory=refuse)
+    choose = make_choose(slot)
+    info, status = choose("broken", None, progress=lambda *a, **k: None)
+    assert info == gr.skip() and "Could not load the model" in status and "broken" in status
+    info, status = choose("  ", None, progress=lambda *a, **k: None)
+    assert "Pick one of the offered models" in status
 
-
-def test_tokens_gauge_moves_while_a_short_task_commits_its_end_of_text_first():
-    """A short task commits the EOS padding first and its answer last: counting answer
-    tokens live read 0.0 for most steps; the live tile counts committed positions."""
+def test_the_tokens_gauge_keeps_its_label_and_counts_text_tokens_only_while_running():
+    """Issue 34, item 7: the tile read "positions/s" live and "tokens/s" once done. Live it
+    now counts the text tokens committed so far (end of text left out), under one label."""
     traj = Trajectory(4, 4)
     canvas = [M, M, M, M]
-    for step, pos in enumerate([3, 2, 1], start=1):
-        canvas[pos] = EOS
+    for step, (pos, tok) in enumerate([(3, EOS), (0, 100 + ord("a")), (1, 100 + ord("b"))],
+                                      start=1):
+        canvas[pos] = tok
         traj.add(StepEvent("r", step, 0, tuple(canvas), (pos,), (0.9,), step, 0.1 * step,
                            "", M, 4), token_text)
         g = render.trajectory_gauges(traj, None, "running")
-        assert float(g["tps"]) == pytest.approx(step / (0.1 * step))
-        assert g["tps_label"] == "positions/s"
+        assert g["tps_label"] == "tokens/s" and g["tpf_label"] == "tokens / forward"
+        assert float(g["tps"]) == pytest.approx((step - 1) / (0.1 * step), abs=0.05)

@@ -177,9 +177,9 @@ def test_text_at_uses_the_result_once_finished():
 def test_gauges_live_and_final():
     live = render.trajectory_gauges(run(finish=False), None, "running")
     assert live["nfe"] == "3" and live["elapsed"] == "0.03 s" and live["state"] == "running"
-    # live: the three committed positions (the end of text at 2 too), labelled as positions
-    assert float(live["tps"]) == pytest.approx(3 / 0.03, rel=1e-2)
-    assert (live["tps_label"], live["tpf_label"]) == ("positions/s", "positions / forward")
+    # live: the two text tokens committed (not the end of text at 2), labelled as tokens
+    assert float(live["tps"]) == pytest.approx(2 / 0.03, rel=1e-2)
+    assert (live["tps_label"], live["tpf_label"]) == ("tokens/s", "tokens / forward")
     done = render.trajectory_gauges(run(), {"memory_kind": "rss", "memory_bytes": 3 * 2**20},
                                     "done")
     assert done["tps"] == f"{result().tokens_per_s:.1f}" and done["tpf"] == "0.67"
@@ -282,7 +282,8 @@ def test_race_params_for_a_block_diffusion_model():
                                canvas_base=canvas_base)
     assert (main.decoding, main.threshold, main.gen_length) == ("threshold", 0.85, 32)
     assert (main.block_length, main.cache, main.steps) == (8, "prefix", None)
-    assert (canvas.decoding, canvas.threshold, canvas.cache) == ("threshold", 0.85, "prefix")
+    # the full-canvas model at its own settings (issue 34, item 6), the same length cap
+    assert (canvas.decoding, canvas.cache) == ("fixed", "none")
     assert (canvas.gen_length, canvas.block_length, canvas.steps) == (32, 16, None)
     # the full-canvas model unavailable: no canvas settings, main unchanged
     assert race_params(bd, 32, 16, 0.85, block_causal=True) == (main, None)
@@ -293,15 +294,18 @@ def test_race_summary_compares_the_three_runs():
                "ar": stats(64, 64, 0.5, "done")}
     labels = {"main": "block diffusion", "canvas": "full canvas"}
     assert race_summary(results, labels) == (
-        "**tokens/s**: block diffusion 256.0 (64 tokens) · full canvas 64.0 (64 tokens) · "
-        "autoregressive 128.0 (64 tokens) · "
-        "**block diffusion vs autoregressive**: 2.00x the tokens/s (NFE 16 vs 64) · "
-        "**block diffusion vs full canvas**: 4.00x the tokens/s (NFE 16 vs 32)")
+        "**tokens/s**: block diffusion 256.0 (64 tokens in 0.25 s) · full canvas 64.0 "
+        "(64 tokens in 1.00 s) · autoregressive 128.0 (64 tokens in 0.50 s)\n\n"
+        "**block diffusion vs autoregressive**: 2.00x the tokens/s (64 tokens in 0.25 s vs "
+        "64 tokens in 0.50 s; NFE 16 vs 64)\n\n"
+        "**block diffusion vs full canvas**: 4.00x the tokens/s (64 tokens in 0.25 s vs "
+        "64 tokens in 1.00 s; NFE 16 vs 32)")
     # a column that did not finish is left out of the line and of the ratios
     results["ar"] = stats(state="unavailable")
     assert race_summary(results, {"main": "fast", "canvas": "reference"}) == (
-        "**tokens/s**: fast 256.0 (64 tokens) · reference 64.0 (64 tokens) · "
-        "**fast vs reference**: 4.00x the tokens/s (NFE 16 vs 32)")
+        "**tokens/s**: fast 256.0 (64 tokens in 0.25 s) · reference 64.0 (64 tokens in "
+        "1.00 s)\n\n**fast vs reference**: 4.00x the tokens/s (64 tokens in 0.25 s vs 64 "
+        "tokens in 1.00 s; NFE 16 vs 32)")
     assert race_summary({"main": stats(state="error")}) == ""
 
 
@@ -381,33 +385,3 @@ def test_paced_spaces_frames_by_their_size_and_passes_a_final_item(monkeypatch):
     out = list(paced(iter(items), 1.0, final=lambda i: i["done"],
                      cells=lambda i: 2 * FRAME_CELLS))
     assert [i["tokens"] for i in out] == [0, 2, 4, 6, 8, 9]
-
-
-def test_loading_another_model_swaps_the_ui_engine_but_keeps_the_api_one():
-    from ui.context import EngineSlot
-    from ui.model_tab import make_load
-
-    class FakeEngine:
-        def __init__(self, name):
-            self.name, self.started, self.stopped = name, False, False
-
-        def start(self):
-            self.started = True
-
-        def stop(self):
-            self.stopped = True
-
-        def info(self):
-            return {"model": self.name, "parameters": 10, "memory_kind": "rss",
-                    "memory_bytes": 1}
-
-    primary = FakeEngine("served")
-    slot = EngineSlot(primary, engine_factory=lambda path, device, dtype: FakeEngine(path))
-    load = make_load(slot)
-    no_progress = lambda *args, **kwargs: None  # noqa: E731
-    info, status = load("models/b", "cpu", "auto", progress=no_progress)
-    second = slot.engine
-    assert second.name == "models/b" and second.started and "Loaded" in status
-    assert "models/b" in info and not primary.stopped      # the /v1 API still uses it
-    load("models/c", "cpu", "auto", progress=no_progress)
-    assert slot.engine.name == "models/c" and second.stopped

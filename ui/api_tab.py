@@ -72,8 +72,8 @@ def api_model(slot: EngineSlot) -> str:
     return (info or {}).get("model") or DEFAULT_MODEL_ID
 
 
-def playground_defaults(slot: EngineSlot) -> GenerationParams | None:
-    """The defaults of the model the playground runs now (the Model tab may swap it)."""
+def playground_defaults(slot: Any) -> GenerationParams | None:
+    """The defaults of the model the browser tab's playground runs (``slot``: a session's)."""
     return slot.engine.default_params() if slot.engine is not None else None
 
 
@@ -105,7 +105,8 @@ def create_ui(slot: EngineSlot) -> None:
 
     def refresh(request: gr.Request) -> list[Any]:
         url = base_url(dict(request.headers) if request else None)
-        code = snippets(url, api_model(slot), slot.api_key_required, playground_defaults(slot))
+        code = snippets(url, api_model(slot), slot.api_key_required,
+                        playground_defaults(slot.session(request)))
         about = describe(url, slot.api_key_required, api_context(slot))
         return [about] + [code[k] for k in codes]
 

@@ -1,4 +1,4 @@
-"""Sliders that follow the loaded model (the Gradio side of ui/limits.py).
+"""Sliders that follow the browser tab's model (the Gradio side of ui/limits.py).
 
 gen length follows the prompt (context - prompt tokens), steps and block length follow gen
 length (block length: the model's block size for a block-diffusion model), and a value typed
@@ -38,8 +38,9 @@ def _is(value: Any, number: int) -> bool:
         return False
 
 
-def gen_bounds(slot: EngineSlot, prompt: Any) -> limits.Bounds:
-    """gen length's range for ``prompt`` (text or messages) on the loaded model."""
+def gen_bounds(slot: Any, prompt: Any) -> limits.Bounds:
+    """gen length's range for ``prompt`` (text or messages) on ``slot``'s model (the
+    EngineSlot's default one, or a session's)."""
     context = slot.context_length()
     if not context:
         return limits.Bounds("gen length", limits.GEN_MIN, 1024)
@@ -85,9 +86,7 @@ def range_check(bounds_of: Callable[..., limits.Bounds]) -> Callable[..., None]:
     """A release handler: a warning toast when the typed value is outside
     ``bounds_of(*rest)`` (queued: only queued events deliver toasts)."""
     def check(value: Any, *rest: Any) -> None:
-        message = bounds_of(*rest).check(value)
-        if message:
-            gr.Warning(message, title="Out of range")
+        warn(bounds_of(*rest).check(value))
     return check
 
 
@@ -96,28 +95,32 @@ CHECK = dict(QUIET, queue=True)
 
 def wire_gen_length(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
                     gen_length: gr.Slider) -> None:
-    """gen length's top follows the prompt; a typed value outside gets a message.
+    """gen length's top follows the prompt on this browser tab's model; a typed value outside
+    gets a message.
 
     The range is set on page load and on prompt changes (``gr.on`` without triggers), the
     value only moved when the prompt grows past it: a handler that also ran on gen length's
     own changes would clamp a typed value before its release could say so. The slider's
     range as built stays context - 1 (the prompt unknown), which API callers are held to.
     """
-    def bounds_of(text: Any, chat: Any) -> limits.Bounds:
-        return gen_bounds(slot, prompt_message(text, chat))
+    def bounds_of(text: Any, chat: Any, request: Any) -> limits.Bounds:
+        return gen_bounds(slot.session(request), prompt_message(text, chat))
 
-    def follow(text: Any, chat: Any) -> gr.Slider:
-        b = bounds_of(text, chat)
+    def follow(text: Any, chat: Any, request: gr.Request) -> gr.Slider:
+        b = bounds_of(text, chat, request)
         return gr.Slider(minimum=b.lo, maximum=b.hi, info=gen_info(b))
 
-    def fit(text: Any, chat: Any, value: Any) -> Any:
-        b = bounds_of(text, chat)
+    def fit(text: Any, chat: Any, value: Any, request: gr.Request) -> Any:
+        b = bounds_of(text, chat, request)
         return gr.skip() if b.check(value) is None else gen_slider(b, value)
+
+    def check(value: Any, text: Any, chat: Any, request: gr.Request) -> None:
+        warn(bounds_of(text, chat, request).check(value))
 
     gr.on(None, follow, [prompt, as_chat], gen_length, trigger_mode="always_last", **QUIET)
     gr.on([prompt.change, as_chat.change], fit, [prompt, as_chat, gen_length], gen_length,
           trigger_mode="always_last", **QUIET)
-    gen_length.release(range_check(bounds_of), [gen_length, prompt, as_chat], None, **CHECK)
+    gen_length.release(check, [gen_length, prompt, as_chat], None, **CHECK)
 
 
 def wire_controls(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
@@ -125,15 +128,25 @@ def wire_controls(slot: EngineSlot, prompt: gr.Textbox, as_chat: gr.Checkbox,
     """The playground's controls (ui.settings.FIELDS order) follow the model and each other."""
     steps, gen_length, block = controls[0], controls[2], controls[3]
     wire_gen_length(slot, prompt, as_chat, gen_length)
-    gen_length.change(lambda g, b, s: (steps_slider(g, b, s, slot.block_size()),
-                                       block_dropdown(g, b, slot.block_size())),
-                      [gen_length, block, steps], [steps, block], **QUIET)
-    block.change(lambda g, b, s: steps_slider(g, b, s, slot.block_size()),
-                 [gen_length, block, steps], steps, **QUIET)
+
+    def on_gen(g: Any, b: Any, s: Any, request: gr.Request) -> tuple[Any, Any]:
+        size = slot.session(request).block_size()
+        return steps_slider(g, b, s, size), block_dropdown(g, b, size)
+
+    def on_block(g: Any, b: Any, s: Any, request: gr.Request) -> Any:
+        return steps_slider(g, b, s, slot.session(request).block_size())
+
+    gen_length.change(on_gen, [gen_length, block, steps], [steps, block], **QUIET)
+    block.change(on_block, [gen_length, block, steps], steps, **QUIET)
     steps.release(range_check(lambda g: limits.steps_bounds(_number(g, 0))),
                   [steps, gen_length], None, **CHECK)
     warn_out_of_range(controls[1], "temperature")
     warn_out_of_range(controls[4], "threshold")
+
+
+def warn(message: str | None) -> None:
+    if message:
+        gr.Warning(message, title="Out of range")
 
 
 def warn_out_of_range(slider: gr.Slider, name: str) -> None:

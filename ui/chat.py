@@ -14,10 +14,11 @@ import gradio as gr
 from celeris import GenerationParams, GenerationResult
 
 from . import bounds, render
-from .context import EngineSlot, paced, session_of, user_errors
+from .context import (EngineSlot, Follow, error_message, paced, session_of, user_error,
+                      user_errors)
 from .examples import examples
 from .playground import make_stop
-from .settings import PRESETS, preset_settings
+from .settings import DEFAULT_PRESET, PRESETS, preset_settings
 
 MASK_TAIL = "\u2591"
 
@@ -44,41 +45,108 @@ def send_button(message: Any) -> gr.Button:
     return gr.Button(interactive=isinstance(message, str) and bool(message.strip()))
 
 
-def reply_bounds(context: int | None) -> tuple[int, int]:
+def reply_bounds(context: int | None, default: int | None = None) -> tuple[int, int]:
     """(max, default) reply length: the history shares the context, so at most context - 64
-    (a few short turns), in steps of 16."""
+    (a few short turns), in steps of 16. The default is the model's own gen length
+    (``default``; REPLY_DEFAULT without one), which is long enough for its stories."""
     top = 512 if not context else max(16, (context - 64) // 16 * 16)
-    return top, min(64, top)
+    wanted = max(16, (default or REPLY_DEFAULT) // 16 * 16)
+    return top, min(wanted, top)
+
+
+REPLY_DEFAULT = 256   # the shipped stories run to ~165 tokens; 64 cut them mid-sentence
+SINGLE_TURN = ("The demo models were trained on single questions and answers: they read the "
+               "earlier turns but do best with one request at a time (**Clear** starts afresh).")
+TOO_LONG = ("Your message does not fit: with the reply length of {reply} tokens it needs "
+            "{need} tokens, and the model's context is {context}. Shorten it or lower the "
+            "reply length; it is back in the box and the conversation is unchanged.")
+TRIMMED = ("The {n} oldest message(s) were left out of the model's input to fit its context "
+           "of {context} tokens (they stay on screen).")
+
+
+def fit_history(view: Any, messages: list[dict[str, str]], reply: int
+                ) -> tuple[list[dict[str, str]], int]:
+    """The newest messages that fit the context with a reply of ``reply`` tokens, oldest
+    dropped first (user and assistant turns in pairs); (messages, how many were dropped).
+    Unknown sizes (no tokenizer) keep everything and let the engine decide."""
+    context = view.context_length()
+    kept = list(messages)
+    while context and len(kept) > 1:
+        used = view.prompt_tokens(kept)
+        if used is None or used + reply <= context:
+            break
+        kept = kept[2:] if kept[0]["role"] == "user" and len(kept) > 2 else kept[1:]
+    return kept, len(messages) - len(kept)
+
+
+def too_long(view: Any, messages: list[dict[str, str]], reply: int) -> str | None:
+    """Why the last message alone cannot be answered within the context (None: it can)."""
+    context = view.context_length()
+    used = view.prompt_tokens(messages[-1:])
+    if not context or used is None or used + reply <= context:
+        return None
+    return TOO_LONG.format(reply=reply, need=used + reply, context=context)
 
 
 def make_respond(slot: EngineSlot):
     @slot.gpu
     def respond(history: list[dict[str, Any]], preset: str, gen_length: float,
-                request: gr.Request) -> Iterator[list[dict[str, Any]]]:
-        """Answer the last user message; yields the history with the reply growing."""
-        engine = slot.require()
+                request: gr.Request) -> Iterator[Any]:
+        """Answer the last user message; yields (history with the reply growing, the
+        message box). A message that cannot be answered is taken out of the history and
+        put back in the box, so the chat is never stuck on it."""
+        view = slot.session(request)
+        history = list(history or [])
         messages = render.plain_messages(history)
         if not messages or messages[-1]["role"] != "user":
+            yield gr.skip(), gr.skip()        # nothing new to answer: leave the chat alone
             return
-        with user_errors():
-            base = engine.default_params()
-            params = base.replace(gen_length=int(gen_length), **_preset(
-                preset, int(gen_length), slot.block_size(), base))
-        rid = slot.begin(session_of(request), engine)
-        done = False
         try:
-            with user_errors(), closing(engine.stream(messages, params, request_id=rid)) as run:
-                for item in paced(run, slot.frame_interval,
-                                  final=lambda i: isinstance(i, GenerationResult)):
-                    done = isinstance(item, GenerationResult)
-                    content = ((item.text or "(empty answer)") if done
-                               else reply_so_far(item.text, item.num_masked))
-                    yield list(history) + [{"role": "assistant", "content": content}]
-        finally:
-            if not done:
-                engine.abort(rid)
-            slot.end(session_of(request), rid)
+            yield from _answer(slot, view, history, messages, preset, int(gen_length), request)
+        except gr.Error as exc:
+            gr.Warning(error_message(exc), title=exc.title or "Not answered")
+            yield history[:-1], messages[-1]["content"]
     return respond
+
+
+def _answer(slot: EngineSlot, view: Any, history: list[dict[str, Any]],
+            messages: list[dict[str, str]], preset: str, reply: int,
+            request: gr.Request) -> Iterator[Any]:
+    engine = view.require()
+    with user_errors():
+        base = engine.default_params()
+        params = base.replace(gen_length=reply, **_preset(preset, reply, view.block_size(),
+                                                          base))
+    why = too_long(view, messages, reply)
+    if why:
+        raise user_error(why, "Message too long")
+    messages, dropped = fit_history(view, messages, reply)
+    if dropped:
+        gr.Info(TRIMMED.format(n=dropped, context=view.context_length()), title="Trimmed")
+    session = session_of(request)
+    rid = slot.begin(session, engine)
+    done = False
+    try:
+        with user_errors(), closing(engine.stream(messages, params, request_id=rid)) as run:
+            for item in paced(run, slot.frame_interval,
+                              final=lambda i: isinstance(i, GenerationResult)):
+                done = isinstance(item, GenerationResult)
+                content = (final_reply(item) if done
+                           else reply_so_far(item.text, item.num_masked))
+                yield history + [{"role": "assistant", "content": content}], gr.skip()
+    finally:
+        if not done:
+            engine.abort(rid)
+        slot.end(session, rid)
+
+
+EMPTY_REPLY = ("(no answer: the model ended its reply at once. The demo models answer a "
+               "question or a request such as \"Tell me a story about a fox\"; to continue a "
+               "text, use the Playground with \"chat message\" unticked.)")
+
+
+def final_reply(result: GenerationResult) -> str:
+    return result.text or EMPTY_REPLY
 
 
 def _preset(name: str, gen_length: int, block_size: int | None = None,
@@ -98,8 +166,17 @@ def _preset(name: str, gen_length: int, block_size: int | None = None,
     return preset
 
 
-def create_ui(slot: EngineSlot) -> None:
+def reply_slider(view: Any) -> gr.Slider:
+    """The reply length's range and default for ``view``'s model."""
+    engine = view.engine
+    top, value = reply_bounds(view.context_length(),
+                              engine.default_params().gen_length if engine else None)
+    return gr.Slider(minimum=16, maximum=top, value=value)
+
+
+def create_ui(slot: EngineSlot) -> Follow:
     with gr.Tab("Chat", id="chat"):
+        gr.Markdown(SINGLE_TURN, elem_id="chat-note")
         chatbot = gr.Chatbot(label="chat", height=420, elem_id="chat-box",
                              buttons=["copy"], placeholder="Ask the model something.")
         with gr.Row():
@@ -109,11 +186,13 @@ def create_ui(slot: EngineSlot) -> None:
                              interactive=False)
             stop = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
         with gr.Row():
-            preset = gr.Radio(list(PRESETS), value="fast", label="preset")
-            top, value = reply_bounds(slot.context_length())
-            gen_length = gr.Slider(16, top, value=value, step=16, label="reply length (tokens)",
-                                   elem_id="chat-gen-length")
-            clear = gr.Button("Clear", scale=0)
+            preset = gr.Radio([DEFAULT_PRESET, *PRESETS], value="fast", label="preset",
+                              elem_id="chat-preset")
+            initial = reply_slider(slot)
+            gen_length = gr.Slider(16, initial.maximum, value=initial.value, step=16,
+                                   label="reply length (tokens)", elem_id="chat-gen-length",
+                                   info="a cap: the model stops at its end of text")
+            clear = gr.Button("Clear", scale=0, elem_id="chat-clear")
         samples = examples("chat")
         if samples:
             gr.Examples([[s] for s in samples], [message], label="examples")
@@ -124,10 +203,11 @@ def create_ui(slot: EngineSlot) -> None:
     for trigger in (send.click, message.submit):
         ev = trigger(add_user_message, [message, chatbot], [message, chatbot],
                      api_visibility="private", show_progress="hidden")
-        events.append(ev.then(respond, [chatbot, preset, gen_length], chatbot,
+        events.append(ev.then(respond, [chatbot, preset, gen_length], [chatbot, message],
                               api_visibility="private", concurrency_id="engine",
                               concurrency_limit=slot.concurrency, show_progress="hidden"))
     stop.click(make_stop(slot), None, None, cancels=events, queue=False,
                api_visibility="private")
     clear.click(lambda: [], None, chatbot, queue=False, api_visibility="private")
     bounds.warn_out_of_range(gen_length, "reply length")
+    return Follow([], [gen_length], lambda view: [reply_slider(view)])

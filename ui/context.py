@@ -1,8 +1,9 @@
 """What every tab shares: the engine slot, running requests per browser session, error toasts.
 
-The slot holds the one Engine the UI talks to (the Model tab may swap it for another local
-model), remembers which request each browser session is running so that Stop can abort it,
-and turns the engine's user errors into Gradio toasts. No sampling happens here: runs go
+The slot holds the engines the UI talks to, one per model directory, and which model each
+browser session chose in the Model tab (a choice never changes another session's model); it
+remembers which request each session is running so that Stop can abort it, and turns the
+engine's user errors into Gradio toasts. No sampling happens here: runs go
 through ``engine.stream`` / ``engine.stream_infill`` only.
 """
 
@@ -13,8 +14,9 @@ import threading
 import time
 import uuid
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import gradio as gr
 
@@ -27,9 +29,8 @@ from .trajectory import Trajectory
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_AR_PATH = REPO_ROOT / "models" / "celeris-tiny-ar"
 DEFAULT_CANVAS_PATH = REPO_ROOT / "models" / "celeris-tiny"   # the full-attention model
-NO_MODEL = ("No model is loaded. Open the Model tab to load a local model directory: the "
-            "shipped models/celeris-tiny-bd (the default) or models/celeris-tiny, or one you "
-            "trained (README.md has the commands)")
+NO_MODEL = ("No model is loaded. Open the Model tab and pick one of the models offered "
+            "(the app's --models option lists them)")
 
 
 # ---------------------------------------------------------------------- errors as toasts
@@ -62,33 +63,28 @@ def user_errors() -> Iterator[None]:
         raise toast(exc) from None
 
 
-# ---------------------------------------------------------------------- the engine slot
-class EngineSlot:
-    def __init__(self, engine: Any = None, error: str | None = None, *,
-                 engine_factory: Callable[..., Any] | None = None,
-                 ar_path: str | Path | None = None, canvas_path: str | Path | None = None,
-                 api_key_required: bool = False,
-                 gpu: Callable[[Callable], Callable] | None = None, concurrency: int = 4,
-                 frame_interval: float = 0.04) -> None:
+@dataclass(frozen=True)
+class Follow:
+    """What a tab updates when a browser tab picks another model: ``fn(session, *inputs)``
+    returns one value per output (``session``: ``EngineSlot.session``'s view)."""
+
+    inputs: list[Any]
+    outputs: list[Any]
+    fn: Callable[..., list[Any]]
+
+
+# ---------------------------------------------------------------------- one model's view
+class ModelView:
+    """One engine as the UI sees it: its info (cached briefly for live gauges), its token
+    strings (cached per id) and the limits its controls follow. Shared by every session
+    that uses the same model."""
+
+    def __init__(self, engine: Any = None, error: str | None = None) -> None:
         self.engine = engine
-        self.primary = engine   # the engine the /v1 API serves: never shut down from the UI
-        self.concurrency = concurrency   # engine-bound UI events that may run at once
-        self.frame_interval = frame_interval   # seconds between canvas frames sent (0 = all)
         self.error = error
-        self.engine_factory = engine_factory or celeris.Engine.from_pretrained
-        self.ar_path = Path(ar_path) if ar_path else DEFAULT_AR_PATH
-        self.canvas_path = Path(canvas_path) if canvas_path else DEFAULT_CANVAS_PATH
-        self.api_key_required = api_key_required
-        self.gpu = gpu or (lambda fn: fn)
-        self._active: dict[str, tuple[Any, str]] = {}
         self._strings: dict[int, str] = {}
         self._info: tuple[float, dict[str, Any] | None] = (0.0, None)
-        self._ar: Any = None
-        self._canvas: Any = None
-        self._lock = threading.Lock()
-        self._canvas_lock = threading.Lock()   # one load at a time (two races may ask)
 
-    # -------------------------------------------------------------- engine access
     def require(self) -> Any:
         if self.engine is None:
             raise user_error(self.error or NO_MODEL, "Model not loaded")
@@ -117,8 +113,8 @@ class EngineSlot:
         return (self.info() or {}).get("context_length")
 
     def block_size(self) -> int | None:
-        """The loaded model's block size when it is block-causal (block diffusion: gen length
-        is a cap and block lengths divide this); None for a full-attention model or none."""
+        """The model's block size when it is block-causal (block diffusion: gen length is a
+        cap and block lengths divide this); None for a full-attention model or none."""
         engine = self.engine
         if not getattr(engine, "block_causal", False):
             return None
@@ -134,15 +130,6 @@ class EngineSlot:
         except (AttributeError, TypeError, ValueError):
             return None
 
-    def spellers(self, engine: Any) -> tuple[Callable[[list[int]], list[str]],
-                                              Callable[[list[int]], str]]:
-        """(token_text, decode) for a run on ``engine``: the cached ones of the UI's engine,
-        or ``engine``'s own tokenizer for another one (the Race tab's full-canvas model)."""
-        if engine is self.engine or getattr(engine, "tokenizer", None) is None:
-            return self.token_text, self.decode
-        tokenizer = engine.tokenizer
-        return engine.token_strings, lambda ids: tokenizer.decode([int(t) for t in ids])
-
     def decode(self, ids: list[int]) -> str:
         """Several ids decoded together: a character split over byte-level tokens comes out
         whole (special tokens as nothing)."""
@@ -151,17 +138,187 @@ class EngineSlot:
             return "".join(self.token_text(ids))
         return tokenizer.decode([int(t) for t in ids])
 
-    def swap(self, engine: Any) -> Any:
-        """Make ``engine`` the UI's engine; returns the previous one (caller shuts it down)."""
+
+VIEW_NAMES = ("engine", "error", "require", "info", "token_text", "context_length",
+              "block_size", "prompt_tokens", "decode")
+
+
+def model_label(path: Path, taken: set[str]) -> str:
+    """The name a model is offered under: its folder name, with its parent's when taken."""
+    label = path.name or str(path)
+    if label in taken:
+        label = f"{path.parent.name}/{path.name}"
+    while label in taken:
+        label += "'"
+    return label
+
+
+def engine_key(path: str | Path) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+# ---------------------------------------------------------------------- the engine slot
+class EngineSlot:
+    """The engines the UI may run and which one each browser session chose.
+
+    ``engine`` (the one the /v1 API serves) is every session's model until the session picks
+    another of the ``models`` the operator offered (or, with ``allow_paths``, any local
+    directory). Engines are loaded once per model directory and shared by every session on
+    that model; a session's choice never changes another's. The slot's own engine methods
+    (``info``, ``block_size``, ...) describe the default model; ``session(request)`` gives
+    the same interface for one session's model."""
+
+    def __init__(self, engine: Any = None, error: str | None = None, *,
+                 models: Sequence[str | Path] = (), allow_paths: bool = False,
+                 device: str = "auto", dtype: str = "auto",
+                 engine_factory: Callable[..., Any] | None = None,
+                 ar_path: str | Path | None = None, canvas_path: str | Path | None = None,
+                 api_key_required: bool = False,
+                 gpu: Callable[[Callable], Callable] | None = None, concurrency: int = 4,
+                 frame_interval: float = 0.04) -> None:
+        self.primary = engine   # the engine the /v1 API serves: never shut down from the UI
+        self.default = ModelView(engine, error)
+        self.concurrency = concurrency   # engine-bound UI events that may run at once
+        self.frame_interval = frame_interval   # seconds between canvas frames sent (0 = all)
+        self.engine_factory = engine_factory or celeris.Engine.from_pretrained
+        self.device, self.dtype = device, dtype
+        self.allow_paths = allow_paths
+        self.ar_path = Path(ar_path) if ar_path else DEFAULT_AR_PATH
+        self.canvas_path = Path(canvas_path) if canvas_path else DEFAULT_CANVAS_PATH
+        self.api_key_required = api_key_required
+        self.gpu = gpu or (lambda fn: fn)
+        self._active: dict[str, tuple[Any, str]] = {}
+        self._views: dict[str, ModelView] = {}     # engine_key(dir) -> its view
+        self._choice: dict[str, str] = {}          # session -> engine_key
+        self._ar: Any = None
+        self._lock = threading.Lock()
+        self._load_lock = threading.Lock()          # one load at a time
+        self.models = self._offer(engine, models)   # label -> model directory
+
+    def _offer(self, engine: Any, models: Sequence[str | Path]) -> dict[str, Path]:
+        offered: dict[str, Path] = {}
+        own = getattr(engine, "model_dir", None)
+        if own is not None:
+            self._views[engine_key(own)] = self.default
+        seen: set[str] = set()
+        for path in ([own] if own is not None else []) + [Path(m) for m in models]:
+            key = engine_key(path)
+            if key not in seen:
+                seen.add(key)
+                offered[model_label(Path(key), set(offered))] = Path(key)
+        return offered
+
+    # -------------------------------------------------------------- the default model
+    engine = property(lambda self: self.default.engine)
+    error = property(lambda self: self.default.error)
+
+    def require(self) -> Any:
+        return self.default.require()
+
+    def info(self, max_age: float = 0.5) -> dict[str, Any] | None:
+        return self.default.info(max_age)
+
+    def token_text(self, ids: list[int]) -> list[str]:
+        return self.default.token_text(ids)
+
+    def context_length(self) -> int | None:
+        return self.default.context_length()
+
+    def block_size(self) -> int | None:
+        return self.default.block_size()
+
+    def prompt_tokens(self, prompt: Any) -> int | None:
+        return self.default.prompt_tokens(prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.default.decode(ids)
+
+    # -------------------------------------------------------------- sessions and models
+    def session(self, request: Any) -> "SessionSlot":
+        """The slot as the browser session of ``request`` sees it (its chosen model)."""
+        return SessionSlot(self, self.view_for(session_of(request)))
+
+    def view_for(self, session: str) -> ModelView:
         with self._lock:
-            old, self.engine, self.error = self.engine, engine, None
-            self._strings, self._info = {}, (0.0, None)
-        return old
+            key = self._choice.get(session)
+            return self._views.get(key, self.default) if key else self.default
+
+    def chosen(self, session: str) -> str | None:
+        """The label of the model this session uses (None: none chosen and no default)."""
+        with self._lock:
+            key = self._choice.get(session)
+        if key is None:
+            own = getattr(self.engine, "model_dir", None)
+            key = engine_key(own) if own is not None else None
+        if key is None:
+            return None
+        return next((label for label, path in self.models.items() if str(path) == key), key)
+
+    def resolve(self, choice: str) -> Path:
+        """The directory behind a choice: an offered model's label, or (only with
+        ``allow_paths``) a local directory. Raises ValueError for anything else."""
+        choice = (choice or "").strip()
+        if choice in self.models:
+            return self.models[choice]
+        if self.allow_paths and choice:
+            return Path(choice)
+        offered = ", ".join(self.models) or "none"
+        raise ValueError(f"model must be one of the offered models ({offered}); got "
+                         f"{choice!r}")
+
+    def choose(self, session: str, choice: str) -> ModelView:
+        """Make ``choice`` this session's model, loading it once if no session had it."""
+        path = self.resolve(choice)
+        view = self.model_view(path)
+        with self._lock:
+            self._choice[session] = engine_key(path)
+        return view
+
+    def forget(self, session: str) -> None:
+        """A closed browser tab: its choice is dropped (the engine stays for the others)."""
+        with self._lock:
+            self._choice.pop(session, None)
+
+    def model_view(self, path: str | Path) -> ModelView:
+        """The view of the model in ``path``: loaded on first use, on the operator's device
+        and dtype, with its own background scheduler, then shared."""
+        key = engine_key(path)
+        with self._load_lock:
+            view = self._views.get(key)
+            if view is None:
+                view = ModelView(self.load(str(path), device=self.device, dtype=self.dtype))
+                self._views[key] = view
+        return view
+
+    def loaded(self, path: str | Path) -> bool:
+        return engine_key(path) in self._views
+
+    def view_of(self, engine: Any) -> ModelView:
+        """The shared view of a loaded engine (a fresh one for an engine not in the slot)."""
+        with self._lock:
+            found = [v for v in self._views.values() if v.engine is engine]
+        if engine is self.default.engine:
+            return self.default
+        return found[0] if found else ModelView(engine)
+
+    def spellers(self, engine: Any) -> tuple[Callable[[list[int]], list[str]],
+                                              Callable[[list[int]], str]]:
+        """(token_text, decode) for a run on ``engine``, cached per engine."""
+        view = self.view_of(engine)
+        return view.token_text, view.decode
 
     def load(self, path: str, device: str = "auto", dtype: str = "auto") -> Any:
         engine = self.engine_factory(path, device=device, dtype=dtype)
         engine.start()
         return engine
+
+    def close(self) -> None:
+        """Stop every engine the UI loaded (never the /v1 one)."""
+        with self._load_lock:
+            views, self._views = list(self._views.values()), {}
+        for view in views:
+            if view.engine is not None and view.engine is not self.primary:
+                view.engine.stop()
 
     # -------------------------------------------------------------- running requests
     def begin(self, session: str, engine: Any) -> str:
@@ -208,31 +365,32 @@ class EngineSlot:
     # -------------------------------------------------------------- the full-canvas model
     @property
     def canvas_loaded(self) -> bool:
-        return self._canvas is not None
+        return self.loaded(self.canvas_path)
 
     def canvas_model(self) -> tuple[Any, str]:
         """(Engine or None, why not): the full-attention model the Race tab runs next to a
-        block-diffusion one; loaded once, on first use, on the UI engine's device and dtype,
-        with its own background scheduler. Never shut down from the UI (like ``primary``)."""
-        if self._canvas is not None:
-            return self._canvas, ""
+        block-diffusion one and the Infill tab fills with; loaded once (shared with the
+        sessions that chose it)."""
         if not (self.canvas_path / "config.json").is_file():
             return None, f"no full-canvas model at {self.canvas_path}"
-        with self._canvas_lock:
-            if self._canvas is not None:
-                return self._canvas, ""
-            device = str(getattr(self.engine, "device", None) or "auto")
-            dtype = str(getattr(getattr(self.engine, "config", None), "dtype", None) or "auto")
-            try:
-                engine = self.load(str(self.canvas_path), device=device, dtype=dtype)
-            except Exception as exc:   # a broken model must not take the race down
-                return None, f"could not load {self.canvas_path}: {exc}"
-            if getattr(engine, "block_causal", False):
-                engine.stop()
-                return None, (f"{self.canvas_path} is a block-diffusion model, not a "
-                              "full-canvas one")
-            self._canvas = engine
-        return self._canvas, ""
+        try:
+            engine = self.model_view(self.canvas_path).engine
+        except Exception as exc:   # a broken model must not take the race down
+            return None, f"could not load {self.canvas_path}: {exc}"
+        if getattr(engine, "block_causal", False):
+            return None, f"{self.canvas_path} is a block-diffusion model, not a full-canvas one"
+        return engine, ""
+
+
+class SessionSlot:
+    """The slot as one browser session sees it: the shared slot (runs, Stop, the twin, the
+    full-canvas model) with that session's model in place of the default one."""
+
+    def __init__(self, slot: EngineSlot, view: ModelView) -> None:
+        self._slot, self._view = slot, view
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view if name in VIEW_NAMES else self._slot, name)
 
 
 def error_message(exc: BaseException) -> str:

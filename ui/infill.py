@@ -17,7 +17,7 @@ from celeris import split_infill
 from celeris.params import DECODINGS
 
 from . import bounds, render, widgets
-from .context import (EngineSlot, follow, session_of, user_error, user_errors,
+from .context import (EngineSlot, Follow, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
 from .playground import wire_stop_gauges
@@ -59,7 +59,7 @@ def unavailable(engine: Any, why: str) -> str:
             f"models/celeris-tiny in the Model tab (or start the app with --canvas-model DIR).")
 
 
-def model_note(slot: EngineSlot, used: Any = None) -> str:
+def model_note(slot: Any, used: Any = None) -> str:
     """Which model fills, above the text: the loaded one, or next to a block-diffusion model
     the full-canvas one (``used`` once a run picked it, else the slot's canvas path)."""
     engine = slot.engine
@@ -83,7 +83,7 @@ def model_note(slot: EngineSlot, used: Any = None) -> str:
             "after block, and cannot fill a gap.")
 
 
-def infill_engine(slot: EngineSlot) -> Any:
+def infill_engine(slot: Any) -> Any:
     """The engine that fills: the loaded one, or the full-canvas model next to a
     block-causal one (a toast saying why when there is none)."""
     engine = slot.require()
@@ -95,7 +95,7 @@ def infill_engine(slot: EngineSlot) -> Any:
     return canvas
 
 
-def infill_frame(traj: Trajectory, prefix: str, slot: EngineSlot,
+def infill_frame(traj: Trajectory, prefix: str, slot: Any,
                  decode: Any = None) -> tuple[Any, ...]:
     """Canvas, filled text (pinned runs decoded whole with ``decode``, default the slot's),
     gauges (filled tokens only), note."""
@@ -108,7 +108,7 @@ def infill_frame(traj: Trajectory, prefix: str, slot: EngineSlot,
             render.trajectory_gauges(traj, slot.info(), state), note)
 
 
-def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
+def error_frame(why: str, slot: Any) -> tuple[Any, ...]:
     return [], "", render.error_gauges(slot.info()), render.error_markdown(why), gr.skip()
 
 
@@ -118,12 +118,13 @@ def make_fill(slot: EngineSlot):
              ) -> Iterator[tuple[Any, ...]]:
         """Fill the [MASK] spans of ``text``; yields (canvas cells, filled text, gauges,
         note, which model fills)."""
-        yield from with_error_frame(_fill(slot, text, span, decoding, request),
-                                    lambda why: error_frame(why, slot))
+        view = slot.session(request)
+        yield from with_error_frame(_fill(view, text, span, decoding, request),
+                                    lambda why: error_frame(why, view))
     return fill
 
 
-def _fill(slot: EngineSlot, text: str, span: float, decoding: str, request: gr.Request
+def _fill(slot: Any, text: str, span: float, decoding: str, request: gr.Request
           ) -> Iterator[tuple[Any, ...]]:
     loaded = slot.require()
     text = check_infill_text(text)
@@ -143,7 +144,7 @@ def _fill(slot: EngineSlot, text: str, span: float, decoding: str, request: gr.R
         yield (*infill_frame(traj, prefix, slot, decode), note)
 
 
-def create_ui(slot: EngineSlot) -> None:
+def create_ui(slot: EngineSlot) -> Follow:
     samples = examples("infill")
     with gr.Tab("Infill", id="infill") as tab:
         gr.Markdown(f"Write {MARKER} where the model should fill in text. Everything else is "
@@ -175,6 +176,9 @@ def create_ui(slot: EngineSlot) -> None:
                      concurrency_limit=slot.concurrency, show_progress="hidden")
     wire_stop_gauges(slot, stop, event, gauge)
     bounds.warn_out_of_range(span, "tokens per [MASK]")
-    # which model fills follows the Model tab (page load and this tab's selection)
-    gr.on(None, lambda: model_note(slot), None, used, **bounds.QUIET)
-    tab.select(lambda: model_note(slot), None, used, **bounds.QUIET)
+    # which model fills follows this browser tab's model (and the full-canvas one loading)
+    def note_for(request: gr.Request) -> str:
+        return model_note(slot.session(request))
+
+    tab.select(note_for, None, used, **bounds.QUIET)
+    return Follow([], [used], lambda view: [model_note(view)])

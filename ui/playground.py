@@ -16,11 +16,11 @@ import gradio as gr
 
 from celeris.params import GenerationParams
 
-from . import bounds, charts, render, widgets
-from .context import (EngineSlot, follow, session_of, user_error, user_errors,
+from . import bounds, charts, limits, render, widgets
+from .context import (EngineSlot, Follow, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
-from .settings import build_params, preset_values
+from .settings import DEFAULT_PRESET, build_params, preset_values, widget_values
 from .trajectory import Trajectory
 
 DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "celeris-ui"
@@ -33,12 +33,20 @@ def prompt_input(prompt: str, as_chat: bool) -> str | list[dict[str, str]]:
     return [{"role": "user", "content": prompt}] if as_chat else prompt
 
 
-def params_from(slot: EngineSlot, values: tuple[Any, ...]) -> GenerationParams:
+def params_from(slot: Any, values: tuple[Any, ...]) -> GenerationParams:
     with user_errors():
         return build_params(slot.require().default_params(), values)
 
 
-def frame(traj: Trajectory, slot: EngineSlot) -> tuple[Any, ...]:
+def finished_summary(traj: Trajectory, as_chat: bool) -> str:
+    """The line under a finished run; a run that wrote nothing says why and what to try."""
+    r = traj.result
+    if r["finish_reason"] != "abort" and not r["usage"]["completion_tokens"]:
+        return render.run_summary(traj) + "\n\n" + render.empty_answer_hint(as_chat)
+    return render.run_summary(traj)
+
+
+def frame(traj: Trajectory, slot: Any, as_chat: bool = False) -> tuple[Any, ...]:
     """One streaming update: canvas cells, answer text, gauges (summary and state skipped)."""
     if not traj.steps and not traj.finished:     # accepted, nothing committed yet
         return (render.masked_cells(traj.gen_length, traj.block_length), "",
@@ -46,7 +54,7 @@ def frame(traj: Trajectory, slot: EngineSlot) -> tuple[Any, ...]:
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
         return (render.canvas_cells(traj), traj.text_at(), render.trajectory_gauges(
-            traj, slot.info(0.0), state), render.run_summary(traj), traj.to_dict())
+            traj, slot.info(0.0), state), finished_summary(traj, as_chat), traj.to_dict())
     return (render.canvas_cells(traj, live=True), traj.text_at(),
             render.trajectory_gauges(traj, slot.info(), "running"), gr.skip(), gr.skip())
 
@@ -61,12 +69,13 @@ def make_generate(slot: EngineSlot):
         after every step; a refused run shows status "error" and says why."""
         settings = (steps, temperature, gen_length, block_length, threshold, decoding,
                     remasking, cache, seed)
-        yield from with_error_frame(_run(slot, prompt, as_chat, settings, request),
-                                    lambda why: error_frame(why, slot))
+        view = slot.session(request)
+        yield from with_error_frame(_run(view, prompt, as_chat, settings, request),
+                                    lambda why: error_frame(why, view))
     return generate
 
 
-def _run(slot: EngineSlot, prompt: str, as_chat: bool, settings: tuple[Any, ...],
+def _run(slot: Any, prompt: str, as_chat: bool, settings: tuple[Any, ...],
          request: gr.Request) -> Iterator[tuple[Any, ...]]:
     engine = slot.require()
     params = params_from(slot, settings)
@@ -77,20 +86,21 @@ def _run(slot: EngineSlot, prompt: str, as_chat: bool, settings: tuple[Any, ...]
                       params=params.to_dict())
     start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
     for traj in follow(slot, session_of(request), engine, start, traj):
-        yield frame(traj, slot)
+        yield frame(traj, slot, bool(as_chat))
 
 
-def error_frame(why: str, slot: EngineSlot) -> tuple[Any, ...]:
+def error_frame(why: str, slot: Any) -> tuple[Any, ...]:
     """A refused run: no canvas, status "error", the reason under the canvas."""
     return [], "", render.error_gauges(slot.info()), render.error_markdown(why), \
         gr.skip()
 
 
 def make_preset(slot: EngineSlot):
-    """The preset radio's handler: its settings for the model loaded now."""
-    def preset(name: str, gen_length: float) -> list[Any]:
-        engine = slot.engine
-        return preset_values(name, gen_length, slot.block_size(),
+    """The preset radio's handler: its settings for this browser tab's model."""
+    def preset(name: str, gen_length: float, request: gr.Request = None) -> list[Any]:
+        view = slot.session(request)
+        engine = view.engine
+        return preset_values(name, gen_length, view.block_size(),
                              engine.default_params() if engine is not None else None)
     return preset
 
@@ -154,12 +164,29 @@ def after_run(data: dict[str, Any] | None) -> tuple[Any, ...]:
                                                            interactive=True))
 
 
-def replay_at(data: dict[str, Any] | None, step: float) -> tuple[Any, str]:
+REPLAY_IDLE = "Replay and charts show a run once it has finished."
+
+
+def replay_at(data: dict[str, Any] | None, step: Any) -> tuple[Any, str, Any]:
+    """The canvas and caption at ``step``, clamped to the run's steps (a typed value beyond
+    them shows the last step and moves the slider there, instead of an error)."""
     if not data:
-        return [], "Run a generation first."
+        return [], REPLAY_IDLE, gr.skip()
     traj = Trajectory.from_dict(data)
-    k = max(0, min(int(step), traj.num_steps))
-    return render.canvas_cells(traj, k), render.replay_caption(traj, k)
+    try:
+        wanted = float(step)
+    except (TypeError, ValueError):
+        wanted = traj.num_steps
+    k = max(0, min(int(wanted) if wanted == wanted else 0, traj.num_steps))
+    moved = gr.skip() if wanted == k else gr.Slider(value=k)
+    return render.canvas_cells(traj, k), render.replay_caption(traj, k), moved
+
+
+def clear_replay() -> tuple[Any, ...]:
+    """A new run starts: the replay and charts of the last one go (so that after Stop they
+    never show the run before as if it were this one)."""
+    return (None, gr.Slider(minimum=0, maximum=1, value=0, step=1), REPLAY_IDLE, [], None,
+            None, None, gr.DownloadButton(value=None, interactive=False))
 
 
 def _replay_section() -> dict[str, Any]:
@@ -168,7 +195,7 @@ def _replay_section() -> dict[str, Any]:
     with gr.Accordion("Replay: step through the last run", open=True, elem_id="pg-replay"):
         out = {"scrub": gr.Slider(0, 1, value=0, step=1, label="replay: step",
                                   elem_id="pg-scrub"),
-               "caption": gr.Markdown("Run a generation first.", elem_id="pg-caption"),
+               "caption": gr.Markdown(REPLAY_IDLE, elem_id="pg-caption"),
                "canvas": widgets.canvas("pg-replay-canvas", "After a run, drag the slider "
                                         "to show any step again."),
                "download": gr.DownloadButton("Download trajectory (JSON)", interactive=False,
@@ -206,13 +233,33 @@ def _prompt_column() -> dict[str, Any]:
     return parts
 
 
-def create_ui(slot: EngineSlot) -> None:
+def controls_for(view: Any, prompt: Any, as_chat: Any) -> list[Any]:
+    """The preset radio and the controls (FIELDS order, seed kept) showing the defaults of
+    ``view``'s model, with its ranges: after a browser tab picked another model."""
+    defaults = view.engine.default_params() if view.engine else GenerationParams()
+    size = view.block_size()
+    gen = bounds.gen_bounds(view, bounds.prompt_message(prompt, as_chat))
+    v = widget_values(defaults)
+    gen_length = min(v["gen_length"], gen.hi)
+    block = limits.fit_block(v["block_length"], gen_length, size)
+    return [DEFAULT_PRESET,
+            gr.Slider(minimum=0, maximum=gen_length, step=limits.steps_stride(gen_length, block),
+                      value=limits.fit_steps(v["steps"], gen_length, block)),
+            v["temperature"],
+            gr.Slider(minimum=gen.lo, maximum=gen.hi, value=gen_length,
+                      info=widgets.gen_info(gen)),
+            gr.Dropdown(choices=limits.block_choices(gen_length, size), value=block,
+                        info=widgets.block_info(size)),
+            v["threshold"], v["decoding"], v["remasking"], v["cache"], gr.skip()]
+
+
+def create_ui(slot: EngineSlot) -> Follow:
     defaults = slot.engine.default_params() if slot.engine else GenerationParams()
     with gr.Tab("Playground", id="playground") as tab:
-        with gr.Row():
-            with gr.Column(scale=3):
+        with gr.Row(elem_id="pg-row"):
+            with gr.Column(scale=3, elem_id="pg-main"):
                 parts = _prompt_column()
-            with gr.Column(scale=2):
+            with gr.Column(scale=2, elem_id="pg-settings"):
                 preset = widgets.preset_radio("pg-preset")
                 controls = widgets.generation_controls(defaults, "pg",
                                                        bounds.gen_bounds(slot, None),
@@ -222,27 +269,38 @@ def create_ui(slot: EngineSlot) -> None:
         _charts_section(replay)
     _wire(slot, parts, preset, controls, traj_state, replay)
     bounds.wire_controls(slot, parts["prompt"], parts["as_chat"], controls)
-    tab.select(lambda text, chat, value: bounds.gen_slider(bounds.gen_bounds(  # another model
-        slot, bounds.prompt_message(text, chat)), value),
-        [parts["prompt"], parts["as_chat"], controls[2]], controls[2], **bounds.QUIET)
-    tab.select(lambda gen, block: bounds.block_dropdown(   # block diffusion or not (another
-        gen, block, slot.block_size(), widgets.block_info(slot.block_size())),   # model)
-        [controls[2], controls[3]], controls[3], **bounds.QUIET)
+
+    def fit_gen(text: Any, chat: Any, value: Any, request: gr.Request) -> Any:
+        view = slot.session(request)
+        return bounds.gen_slider(bounds.gen_bounds(view, bounds.prompt_message(text, chat)),
+                                 value)
+
+    def fit_block(gen: Any, block: Any, request: gr.Request) -> Any:
+        size = slot.session(request).block_size()
+        return bounds.block_dropdown(gen, block, size, widgets.block_info(size))
+
+    tab.select(fit_gen, [parts["prompt"], parts["as_chat"], controls[2]], controls[2],
+               **bounds.QUIET)
+    tab.select(fit_block, [controls[2], controls[3]], controls[3], **bounds.QUIET)
+    return Follow([parts["prompt"], parts["as_chat"]], [preset, *controls], controls_for)
 
 
 def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: list[Any],
           traj_state: gr.State, replay: dict[str, Any]) -> None:
+    charts = [replay[k] for k in ("scrub", "caption", "canvas", "commits", "conf", "heat",
+                                  "download")]
+    parts["run"].click(clear_replay, None, [traj_state, *charts], queue=False,
+                       api_visibility="private", show_progress="hidden")
     event = parts["run"].click(
         make_generate(slot), [parts["prompt"], parts["as_chat"], *controls],
         [parts["canvas"], parts["answer"], parts["gauges"], parts["summary"], traj_state],
         api_name="generate", concurrency_id="engine", concurrency_limit=slot.concurrency,
         show_progress="hidden")
-    event.then(after_run, traj_state,
-               [replay[k] for k in ("scrub", "caption", "canvas", "commits", "conf", "heat",
-                                    "download")], api_visibility="private", show_progress="hidden")
+    event.then(after_run, traj_state, charts, api_visibility="private", show_progress="hidden")
     wire_stop_gauges(slot, parts["stop"], event, parts["gauges"])
     preset.input(make_preset(slot), [preset, controls[2]], controls[:-1],
                  api_visibility="private", queue=False)
     replay["scrub"].change(replay_at, [traj_state, replay["scrub"]],
-                           [replay["canvas"], replay["caption"]], api_visibility="private",
-                           show_progress="hidden", queue=False)
+                           [replay["canvas"], replay["caption"], replay["scrub"]],
+                           api_visibility="private", show_progress="hidden", queue=False,
+                           preprocess=False)

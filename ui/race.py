@@ -5,17 +5,17 @@
    with the tab's threshold; a full-attention model runs its fast configuration (threshold
    decoding + prefix KV cache).
 2. "canvas": next to a block-diffusion model, the full-canvas (full-attention) model
-   ``EngineSlot.canvas_path`` (models/celeris-tiny), loaded on first use, at its fast
-   configuration with the tab's gen length, block length and threshold. Next to a
+   ``EngineSlot.canvas_path`` (models/celeris-tiny), loaded on first use, at its own
+   settings (its generation config) with the tab's gen length and block length. Next to a
    full-attention model, the loaded model's reference sampler (fixed linear schedule, one
    token per step, no cache), so the tab still compares something after a switch in the
    Model tab.
 3. "ar": the autoregressive twin trained on the same data (``celeris.ARBaseline``,
    transformers' ``generate()`` with its KV cache), when it is installed.
 
-The column titles depend on the loaded model, so they are outputs: built from the slot's
-engine when the page is built, refreshed on page load and sent by every race (the last three
-outputs of ``api_name="race"``; the first seven are unchanged). The runs go one after another,
+The column titles depend on the browser tab's model, so they are outputs: built from the
+default model when the page is built, updated when the tab picks another and sent by every
+race (the last three outputs of ``api_name="race"``; the first seven are unchanged). The runs go one after another,
 so no run slows another down on a shared machine; each column animates while its run is live
 and its numbers are that run's own wall-clock figures.
 """
@@ -30,8 +30,8 @@ import gradio as gr
 from celeris.params import GenerationParams
 
 from . import bounds, limits, render, widgets
-from .context import (EngineSlot, error_message, follow, paced, session_of, user_errors,
-                      with_error_frame)
+from .context import (EngineSlot, Follow, error_message, follow, paced, session_of,
+                      user_errors, with_error_frame)
 from .examples import examples
 from .playground import prompt_input
 from .trajectory import Trajectory
@@ -70,7 +70,7 @@ def model_name(engine: Any) -> str:
     return str((engine.info() or {}).get("model", "the loaded model"))
 
 
-def lineup(slot: EngineSlot, engine: Any) -> tuple[Column, Column, Column]:
+def lineup(slot: Any, engine: Any) -> tuple[Column, Column, Column]:
     """The three columns for ``engine`` (the slot's UI engine): what each one runs."""
     ar = Column("ar", f"Autoregressive twin · {slot.ar_path.name}",
                 "same data · transformers generate() + KV cache · one token per forward",
@@ -87,8 +87,8 @@ def lineup(slot: EngineSlot, engine: Any) -> tuple[Column, Column, Column]:
                       f"{base.block_length} (from its config) · gen length is a cap",
                       "block diffusion")
         canvas = Column("canvas", f"Full canvas · {slot.canvas_path.name}",
-                        "full attention: threshold decoding · prefix KV cache · the tab's "
-                        "block length", "full canvas")
+                        "full attention at its own settings (its generation config) · the "
+                        "same length cap · the tab's block length", "full canvas")
         return main, canvas, ar
     return (Column("main", f"Fast configuration · {name}",
                    "full attention: threshold decoding · prefix KV cache", "fast"),
@@ -103,7 +103,8 @@ def header(column: Column) -> str:
             f"<span class='race-note'>{render.escape_text(column.note)}</span>")
 
 
-def headers(slot: EngineSlot) -> list[str]:
+def headers(slot: Any) -> list[str]:
+    """The column titles for ``slot``'s model (the EngineSlot's default, or a session's)."""
     return [header(c) for c in lineup(slot, slot.engine)]
 
 
@@ -122,8 +123,11 @@ def race_params(base: GenerationParams, gen_length: Any, block_length: Any, thre
     Block-causal: main = its own defaults with its threshold rule (plain or left-to-right
     "ltr"; threshold when its default is the fixed schedule), the tab's threshold and
     gen length (a cap), its block length and cache kept; canvas = the full-canvas model's
-    (``canvas_base``, None when it is unavailable) fast configuration with the tab's block
-    length. Full attention: main = the fast configuration, canvas = the reference sampler.
+    own settings (``canvas_base``, its generation config; None when it is unavailable) with
+    the same gen length and the tab's block length: at the fast configuration the shipped
+    full-canvas model wrote the same broken 21 tokens for every prompt, which made the
+    speed ratio meaningless. Full attention: main = the fast configuration, canvas = the
+    reference sampler.
     """
     with user_errors():
         gen, block, thr = int(float(gen_length)), int(float(block_length)), float(threshold)
@@ -131,7 +135,7 @@ def race_params(base: GenerationParams, gen_length: Any, block_length: Any, thre
             rule = base.decoding if base.decoding in ("threshold", "ltr") else "threshold"
             main = base.replace(decoding=rule, threshold=thr, gen_length=gen, steps=None)
             canvas = (None if canvas_base is None
-                      else fast_params(canvas_base, gen, block, thr))
+                      else canvas_base.replace(gen_length=gen, block_length=block, steps=None))
             return main, canvas
         ref = base.replace(decoding="fixed", cache="none", gen_length=gen,
                            block_length=block, steps=None)
@@ -139,10 +143,13 @@ def race_params(base: GenerationParams, gen_length: Any, block_length: Any, thre
 
 
 def stats(tokens: int = 0, nfe: int = 0, elapsed: float = 0.0, state: str = "waiting",
-          unit: str = "tokens") -> dict[str, str]:
+          finish: str = "") -> dict[str, str]:
+    """One column's tiles (tokens/s live and once done: text tokens, never end of text),
+    with the run's tokens, seconds and finish reason kept for the summary."""
     tps = tokens / elapsed if elapsed > 0 else 0.0
     return {"tps": f"{tps:.1f}", "nfe": str(nfe), "elapsed": f"{elapsed:.2f} s",
-            "state": state, "tokens": str(tokens), "tps_label": f"{unit}/s"}
+            "state": state, "tokens": str(tokens), "tps_label": "tokens/s",
+            "seconds": f"{elapsed:.3f}", "finish": finish}
 
 
 def stopped(column: dict[str, str] | None) -> dict[str, str]:
@@ -157,12 +164,13 @@ def traj_stats(traj: Trajectory) -> dict[str, str]:
     if traj.result is not None:
         r = traj.result
         done = "stopped" if r["finish_reason"] == "abort" else "done"
-        out = stats(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], done)
+        out = stats(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], done,
+                    r["finish_reason"])
         out["tps"] = f"{r['tokens_per_s']:.1f}"
         return out
-    last = traj.steps[-1] if traj.steps else None   # live: positions committed so far
-    return stats(len(traj.commit_steps()), last.nfe if last else 0,
-                 last.elapsed if last else 0.0, "running", unit="positions")
+    last = traj.steps[-1] if traj.steps else None   # live: text tokens committed so far
+    return stats(traj.filled_tokens(), last.nfe if last else 0,
+                 last.elapsed if last else 0.0, "running")
 
 
 def notice_cells(text: str) -> list[str]:
@@ -170,25 +178,56 @@ def notice_cells(text: str) -> list[str]:
     return [f"race-unavailable\t\t1\t\t{render.escape_text(text)}"]
 
 
+MIN_TIMED_TOKENS = 16   # below this an answer is over before tokens/s means anything
+MAX_LENGTH_RATIO = 1.5  # runs whose answers differ more than this did different work
+
+
+def run_figures(r: dict[str, str]) -> str:
+    return f"{r['tokens']} tokens in {float(r.get('seconds') or 0):.2f} s"
+
+
+def not_comparable(a: dict[str, str], b: dict[str, str]) -> str | None:
+    """Why a tokens/s ratio of runs ``a`` and ``b`` would mislead (None: it would not)."""
+    ta, tb = int(a["tokens"]), int(b["tokens"])
+    if min(ta, tb) < MIN_TIMED_TOKENS:
+        return (f"an answer of {min(ta, tb)} tokens is too short to time (under "
+                f"{MIN_TIMED_TOKENS})")
+    if max(ta, tb) > MAX_LENGTH_RATIO * min(ta, tb):
+        return "the answers differ in length, so the runs did different work"
+    if "length" in (a.get("finish"), b.get("finish")) and a.get("finish") != b.get("finish"):
+        return "one run was cut at the length cap while the other finished its answer"
+    return None
+
+
+def compare(main: dict[str, str], other: dict[str, str], names: tuple[str, str]) -> str:
+    """``main`` vs ``other``: the tokens/s ratio with both runs' tokens and time, or why
+    there is no meaningful ratio."""
+    head = f"**{names[0]} vs {names[1]}**: "
+    figures = f"{run_figures(main)} vs {run_figures(other)}"
+    why = not_comparable(main, other)
+    if why is not None or float(other["tps"]) <= 0:
+        return head + f"no speed ratio: {why or 'no time measured'} ({figures})"
+    speed = float(main["tps"]) / float(other["tps"])
+    return (head + f"{speed:.2f}x the tokens/s ({figures}; NFE {main['nfe']} vs "
+            f"{other['nfe']})")
+
+
 def race_summary(results: dict[str, dict[str, str]],
                  labels: dict[str, str] | None = None) -> str:
-    """The finished runs side by side: tokens/s of each, then main vs the autoregressive
-    twin and main vs the canvas column (tokens/s ratios, with their NFE)."""
+    """The finished runs side by side: tokens/s of each with its tokens and time, then main
+    vs the autoregressive twin and main vs the canvas column (a ratio only where the runs
+    are comparable; otherwise why not)."""
     names = {"main": "main", "canvas": "canvas", "ar": "autoregressive", **(labels or {})}
     done = {k: results[k] for k in KEYS if k in results and results[k].get("state") == "done"}
     if not done:
         return ""
     parts = ["**tokens/s**: " + " · ".join(
-        f"{names[k]} {float(r['tps']):.1f} ({r['tokens']} tokens)" for k, r in done.items())]
+        f"{names[k]} {float(r['tps']):.1f} ({run_figures(r)})" for k, r in done.items())]
     main = done.get("main")
     for key in ("ar", "canvas"):
-        other = done.get(key)
-        if main is None or other is None or float(other["tps"]) <= 0:
-            continue
-        speed = float(main["tps"]) / float(other["tps"])
-        parts.append(f"**{names['main']} vs {names[key]}**: {speed:.2f}x the tokens/s "
-                     f"(NFE {main['nfe']} vs {other['nfe']})")
-    return " · ".join(parts)
+        if main is not None and key in done:
+            parts.append(compare(main, done[key], (names["main"], names[key])))
+    return "\n\n".join(parts)
 
 
 def make_race_stop(slot: EngineSlot):
@@ -219,7 +258,8 @@ def make_race(slot: EngineSlot):
              threshold: float, request: gr.Request) -> Iterator[list[Any]]:
         """Run main, canvas and autoregressive one after another; yields 10 outputs (each
         column's body and stats, the summary, then the three column headers)."""
-        run = _race(slot, prompt, as_chat, gen_length, block_length, threshold, request)
+        run = _race(slot.session(request), prompt, as_chat, gen_length, block_length,
+                    threshold, request)
         yield from with_error_frame(run, error_columns)
     return race
 
@@ -229,7 +269,7 @@ def error_columns(why: str) -> list[Any]:
             render.error_markdown(why), gr.skip(), gr.skip(), gr.skip()]
 
 
-def _race(slot: EngineSlot, prompt: str, as_chat: bool, gen_length: float,
+def _race(slot: Any, prompt: str, as_chat: bool, gen_length: float,
           block_length: float, threshold: float, request: gr.Request) -> Iterator[list[Any]]:
     engine = slot.require()
     message = prompt_input(prompt, as_chat)
@@ -301,7 +341,8 @@ def run_ar(slot: EngineSlot, message: Any, max_new_tokens: int) -> Iterator[tupl
         for item in frames:
             tokens, elapsed = int(item.get("tokens", 0)), float(item.get("elapsed", 0.0))
             state = "done" if item.get("done") else "running"
-            yield render.escape_text(item.get("text", "")), stats(tokens, tokens, elapsed, state)
+            yield render.escape_text(item.get("text", "")), stats(
+                tokens, tokens, elapsed, state, str(item.get("finish_reason") or ""))
     except Exception as exc:   # the twin failing must not break the other two columns
         yield (f'<span class="race-unavailable">Failed: {render.escape_text(str(exc))}</span>',
                stats(state="failed"))
@@ -321,7 +362,7 @@ def _column(column: Column) -> list[Any]:
     return [head, body, stat]
 
 
-def create_ui(slot: EngineSlot) -> None:
+def create_ui(slot: EngineSlot) -> Follow:
     engine = slot.engine
     base = engine.default_params() if engine else GenerationParams()
     block = CANVAS_BLOCK if is_block_causal(engine) else base.block_length
@@ -365,9 +406,22 @@ def create_ui(slot: EngineSlot) -> None:
                cancels=[event], queue=False, api_visibility="private")
     event.then(make_race_settle(slot), outputs[1::2], outputs[1::2] + [summary], queue=False,
                api_visibility="private", show_progress="hidden")
-    # the titles follow the model on page load too (the Model tab may have swapped it)
-    gr.on(None, lambda: headers(slot), None, heads, **bounds.QUIET)
     bounds.wire_gen_length(slot, prompt, as_chat, gen_length)
     bounds.warn_out_of_range(threshold, "threshold")
     gen_length.change(bounds.block_dropdown, [gen_length, block_length], block_length,
                       **bounds.QUIET)
+    return Follow([prompt, as_chat], [*heads, gen_length, block_length, threshold],
+                  follow_model)
+
+
+def follow_model(view: Any, prompt: Any, as_chat: Any) -> list[Any]:
+    """The column titles and settings for ``view``'s model (after a browser tab picked it)."""
+    engine = view.engine
+    base = engine.default_params() if engine else GenerationParams()
+    gen = bounds.gen_bounds(view, bounds.prompt_message(prompt, as_chat))
+    value = min(base.gen_length, gen.hi)
+    block = CANVAS_BLOCK if is_block_causal(engine) else base.block_length
+    return [*headers(view),
+            gr.Slider(minimum=gen.lo, maximum=gen.hi, value=value, info=widgets.gen_info(gen)),
+            gr.Dropdown(choices=limits.block_choices(value), value=limits.fit_block(block, value)),
+            base.threshold]

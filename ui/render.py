@@ -173,10 +173,10 @@ def error_gauges(info: dict[str, Any] | None = None) -> dict[str, str]:
 
 def trajectory_gauges(traj: Trajectory, info: dict[str, Any] | None, state: str
                       ) -> dict[str, str]:
-    """Finished: generated tokens before the first EOS per second of the request (for an
-    infill: the filled positions only, never the pinned text). Live: how many positions the
-    run has committed so far, EOS included, labelled so; a short task commits its end of
-    text first and its few answer tokens last, so counting answer tokens live read 0.0."""
+    """Tokens per second, under the same label live and once done. Finished: generated
+    tokens before the first EOS per second of the request (for an infill: the filled
+    positions only, never the pinned text). Live: the text tokens committed so far (end of
+    text and padding left out), wherever they lie on the canvas."""
     if traj.result is not None:
         r = traj.result
         if traj.pinned:
@@ -184,8 +184,8 @@ def trajectory_gauges(traj: Trajectory, info: dict[str, Any] | None, state: str
         return gauges(r["usage"]["completion_tokens"], r["nfe"], r["elapsed_s"], info, state,
                       tokens_per_s=r["tokens_per_s"])
     last = traj.steps[-1] if traj.steps else None
-    return gauges(len(traj.commit_steps()), last.nfe if last else 0,
-                  last.elapsed if last else 0.0, info, state, unit="positions")
+    return gauges(traj.filled_tokens(), last.nfe if last else 0,
+                  last.elapsed if last else 0.0, info, state)
 
 
 # ---------------------------------------------------------------------- small text blocks
@@ -197,6 +197,16 @@ def run_summary(traj: Trajectory) -> str:
     return (f"**{r['finish_reason']}** · {r['usage']['completion_tokens']} tokens in "
             f"{r['steps']} steps · NFE {r['nfe']} · {r['tokens_per_forward']:.2f} tokens/forward"
             f" · {r['tokens_per_s']:.1f} tokens/s · seed {r['seed']}")
+
+
+def empty_answer_hint(as_chat: bool) -> str:
+    """Why a finished run wrote nothing, and what to try (never a silent empty answer)."""
+    why = ("**Nothing was generated**: the model ended its answer at once (end of text was "
+           "its first token).")
+    if as_chat:
+        return (f"{why} A chat message asks for an answer; to continue a text such as "
+                "\"Once upon a time\", untick **chat message**.")
+    return f"{why} Try a longer prompt, or tick **chat message** to ask a question."
 
 
 def replay_caption(traj: Trajectory, step: int) -> str:

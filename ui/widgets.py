@@ -12,7 +12,8 @@ import gradio as gr
 from celeris.params import GenerationParams
 
 from . import limits, render
-from .settings import CACHE_CHOICES, DECODING_CHOICES, PRESETS, REMASKING_CHOICES, widget_values
+from .settings import (CACHE_CHOICES, DECODING_CHOICES, DEFAULT_PRESET, PRESETS,
+                       REMASKING_CHOICES, widget_values)
 
 # The canvas template is constant, so Gradio's own re-render is a no-op; CANVAS_JS paints the
 # cells and, on every update, touches only the cells whose class, opacity or label changed.
@@ -110,7 +111,7 @@ def generation_controls(defaults: GenerationParams, prefix: str,
                   info="confidence needed to commit (threshold decoding)",
                   elem_id=f"{prefix}-threshold"),
         gr.Dropdown(list(DECODING_CHOICES), value=v["decoding"], label="decoding",
-                    info="fixed = reference linear schedule", elem_id=f"{prefix}-decoding"),
+                    info=decoding_info(), elem_id=f"{prefix}-decoding"),
         gr.Dropdown(list(REMASKING_CHOICES), value=v["remasking"], label="remasking",
                     info="which confidence orders the commits", elem_id=f"{prefix}-remasking"),
         gr.Dropdown(list(CACHE_CHOICES), value=v["cache"], label="cache",
@@ -126,8 +127,22 @@ def gen_info(gen: limits.Bounds) -> str:
 
 
 def preset_radio(elem_id: str) -> gr.Radio:
-    return gr.Radio(list(PRESETS), value=None, label="preset", elem_id=elem_id,
-                    info="fast: threshold + prefix cache (a block-diffusion model: its own "
-                         "threshold) · quality: reference sampler · story: reference, left to "
+    """The presets, the model's own settings selected (they are what the controls show)."""
+    return gr.Radio([DEFAULT_PRESET, *PRESETS], value=DEFAULT_PRESET, label="preset",
+                    elem_id=elem_id,
+                    info="default: the model's own settings · fast: threshold + prefix cache "
+                         "(a block-diffusion model: its own threshold) · balanced: a stricter "
+                         "threshold · quality: reference sampler · story: reference, left to "
                          "right (block 1)")
+
+
+# what each decoding does, for the dropdown's help line (every choice is named there)
+DECODING_HELP = {"fixed": "the reference linear schedule (steps set how many per step)",
+                 "threshold": "all positions at or above the threshold",
+                 "factor": "as many as the factor rule allows (Fast-dLLM)",
+                 "ltr": "threshold, left to right within the block"}
+
+
+def decoding_info() -> str:
+    return " · ".join(f"{name} = {DECODING_HELP.get(name, name)}" for name in DECODING_CHOICES)
 
