@@ -31,7 +31,8 @@ def snippets(url: str, model: str, key_required: bool,
              params: GenerationParams | None = None) -> dict[str, str]:
     """Copy-paste examples: curl, the openai package, and gradio_client for the live steps
     (``params``: the playground model's defaults, whose block length and threshold it uses;
-    a block-diffusion model takes only block lengths that divide its block size)."""
+    a block-diffusion model takes only block lengths that divide its block size). With a key,
+    the playground's endpoints need it too: gradio_client logs in with it as password."""
     block = params.block_length if params is not None else 32
     threshold = params.threshold if params is not None else 0.9
     body = json.dumps({"model": model, "max_tokens": 64,
@@ -45,7 +46,9 @@ def snippets(url: str, model: str, key_required: bool,
               f"\n    messages=[{{\"role\": \"user\", \"content\": \"{EXAMPLE_PROMPT}\"}}],\n"
               "    max_tokens=64, stream=True)\nfor chunk in stream:\n"
               "    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n")
-    client = (f"from gradio_client import Client\n\nclient = Client(\"{url}/\")\n"
+    login = (', auth=("celeris", os.environ["CELERIS_API_KEY"])' if key_required else "")
+    client = (("import os\n" if key_required else "")
+              + f"from gradio_client import Client\n\nclient = Client(\"{url}/\"{login})\n"
               "# prompt, as_chat, steps, temperature, gen_length, block_length, threshold,\n"
               "# decoding, remasking, cache, seed\n"
               f"job = client.submit(\"{EXAMPLE_PROMPT}\", True, 0, 0.0, 64, {block}, "
@@ -84,7 +87,8 @@ def api_context(slot: EngineSlot) -> int | None:
 
 def describe(url: str, key_required: bool, context: int | None = None) -> str:
     auth = ("**An API key is required**: send `Authorization: Bearer <key>` (the key given "
-            "with `--api-key` or `CELERIS_API_KEY`)." if key_required else
+            "with `--api-key` or `CELERIS_API_KEY`). This playground and its Gradio "
+            "endpoints ask for it too: any user name, the key as password." if key_required else
             "No API key is required (start with `--api-key` to require one).")
     return (f"The OpenAI-compatible API is served by this same process, on this same port.\n\n"
             f"- Base URL: `{render.escape_text(url)}/v1`\n- Health: `{render.escape_text(url)}"

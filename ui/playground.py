@@ -229,7 +229,7 @@ def _prompt_column() -> dict[str, Any]:
     parts["replay"] = _replay_section()
     if prompts:
         gr.Examples([list(p) for p in prompts], [parts["prompt"], parts["as_chat"]],
-                    label="example prompts")
+                    label="example prompts", elem_id="pg-examples")
     return parts
 
 
