@@ -25,26 +25,30 @@ MAX_HEADER_BYTES = 16 * 1024  # their names and values together
 
 def create_app(engine: EngineSource, *, api_key: str | None = None, host: str = "127.0.0.1",
                cors_origins: Sequence[str] = (), max_body_bytes: int = 1_000_000,
-               model_name: str | None = None, warmup: bool = True) -> FastAPI:
+               model_name: str | None = None, warmup: bool = True,
+               on_fatal: Callable[[], None] | None = None) -> FastAPI:
     """The OpenAI-compatible API for ``engine`` (an Engine, or a zero-argument loader run in
     the background while /ready says 503). No docs routes: nothing is served unprotected
-    beyond /health and /ready."""
+    beyond /health and /ready. ``on_fatal`` is called when loading or warming up the model
+    has failed for good."""
     app = FastAPI(title="Celeris", docs_url=None, redoc_url=None, openapi_url=None)
     add_routes(app, engine, api_key=api_key, host=host, cors_origins=cors_origins,
-               max_body_bytes=max_body_bytes, model_name=model_name, warmup=warmup)
+               max_body_bytes=max_body_bytes, model_name=model_name, warmup=warmup,
+               on_fatal=on_fatal)
     return app
 
 
 def add_routes(app: FastAPI, engine: EngineSource, *, api_key: str | None = None,
                host: str = "127.0.0.1", cors_origins: Sequence[str] = (),
                max_body_bytes: int = 1_000_000, model_name: str | None = None,
-               warmup: bool = True) -> ServerState:
+               warmup: bool = True, on_fatal: Callable[[], None] | None = None
+               ) -> ServerState:
     """Add the Celeris routes, error handlers and middleware to ``app``; returns the shared
     state (also at ``app.state.celeris``), whose ``drain()`` the shutdown path calls."""
     if not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes must be a positive integer, got {max_body_bytes!r}")
     state = ServerState(engine, model_name=model_name, max_body_bytes=max_body_bytes,
-                        warmup=warmup)
+                        warmup=warmup, on_fatal=on_fatal)
     before = len(app.routes)
     register_routes(app, state, api_key)
     errors.install(app)

@@ -3,8 +3,8 @@
 The key is compared in constant time (``hmac.compare_digest`` on SHA-256 digests, so not even
 its length leaks) and is never logged or exported. A server bound to a loopback address is
 only reachable from this machine, but a web page could still reach it through a DNS name that
-resolves to 127.0.0.1 (DNS rebinding); the browser then sends that name as Host, so Starlette's
-``TrustedHostMiddleware`` refuses every Host but the loopback names (400).
+resolves to 127.0.0.1 (DNS rebinding); the browser then sends that name as Host, so
+``LoopbackHostCheck`` refuses every Host but the loopback names: 403 in OpenAI's error shape.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import ipaddress
 from typing import Any, Callable
 
 from fastapi import FastAPI, Request
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from .errors import APIError
 
@@ -60,5 +59,38 @@ def api_key_dependency(api_key: str | None) -> Callable[[Request], Any]:
 def add_loopback_host_check(app: FastAPI) -> None:
     """Refuse HTTP and websocket requests whose Host is not a loopback name (every route of
     the app, a UI mounted on it included). Add it last: it must run first."""
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_HOSTS),
-                       www_redirect=False)
+    app.add_middleware(LoopbackHostCheck)
+
+
+def loopback_host(host_header: str) -> bool:
+    """Whether a Host header names this machine's loopback (port and case ignored)."""
+    host = host_header.strip().lower()
+    if host.startswith("["):   # an IPv6 literal: "[::1]" or "[::1]:8000"
+        name = host[:host.find("]") + 1] if "]" in host else host
+    else:
+        name = host.split(":", 1)[0]
+    return any(name == allowed or (allowed.startswith("*.") and name.endswith(allowed[1:]))
+               for allowed in LOOPBACK_HOSTS)
+
+
+class LoopbackHostCheck:
+    """ASGI middleware: 403 (OpenAI's error shape) for a request whose Host is not a loopback
+    name; a websocket is closed before it is accepted."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        host = headers.get(b"host", b"").decode("latin-1")
+        if loopback_host(host):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        shown = host[:100] or "none"
+        error = APIError(403, f"Host {shown!r} is not allowed: this server listens on a "
+                         "loopback address and answers only localhost, 127.0.0.1 or [::1]",
+                         None, "host_not_allowed")
+        await error.response()(scope, receive, send)

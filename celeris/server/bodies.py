@@ -6,18 +6,23 @@ Every failure is a 400 (413 for size) naming the parameter it is about.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import Request
 from pydantic import ValidationError
+from starlette.requests import ClientDisconnect
 
 from ..params import GenerationParams
 from ..request_params import request_params
 from .errors import APIError, invalid, param_of
-from .protocol import (KNOBS, TYPE_HINTS, ChatCompletionRequest, ChatMessage,
-                       CompletionRequest, StreamOptions, TextPart, _Knobs)
+from .protocol import (TYPE_HINTS, ChatCompletionRequest, ChatMessage, CompletionRequest,
+                       StreamOptions, TextPart, _Knobs)
 
 JSON_TYPES = ("application/json",)
+
+
+class ClientGone(Exception):
+    """The client disconnected while sending its body (answered with nginx's 499)."""
+
+    STATUS = 499
 
 
 async def read_request(request: Request, model: type[_Knobs], max_bytes: int) -> _Knobs:
@@ -36,7 +41,7 @@ async def read_request(request: Request, model: type[_Knobs], max_bytes: int) ->
     try:
         req = model.model_validate_json(raw)
     except ValidationError as exc:
-        raise _validation_error(exc) from None
+        raise validation_error(exc) from None
     if req.stream_options is not None and not req.stream:
         raise invalid("stream_options is only allowed with stream: true", "stream_options")
     req.check_neutral()
@@ -50,15 +55,19 @@ async def _read_limited(request: Request, max_bytes: int) -> bytes:
     if length.isdigit() and int(length) > max_bytes:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone() from None
     return b"".join(chunks)
 
 
-def _validation_error(exc: ValidationError) -> APIError:
+def validation_error(exc: ValidationError) -> APIError:
+    """A pydantic error on a request body as the 400 a client sees (also used by batch)."""
     err = exc.errors()[0]
     if err["type"] == "json_invalid":
         detail = err["msg"].removeprefix("Invalid JSON: ")
@@ -85,11 +94,17 @@ def _field_names() -> set[str]:
     return {name for m in models for name in m.model_fields}
 
 
-def generation_params(req: _Knobs, defaults: GenerationParams) -> GenerationParams:
-    """GenerationParams for a validated request (the shared request_params mapping)."""
-    fields: dict[str, Any] = {k: getattr(req, k) for k in KNOBS}
-    fields.update(max_tokens=req.max_tokens, stop=req.stop,
-                  max_completion_tokens=getattr(req, "max_completion_tokens", None))
+def generation_params(req: _Knobs, defaults: GenerationParams,
+                      context_length: int | None = None) -> GenerationParams:
+    """GenerationParams for a validated request (the shared request_params mapping); a
+    length above ``context_length`` is refused with that number."""
+    fields = req.generation_fields()
+    field = req.length_field()
+    asked = fields.get(field) if field else None
+    if context_length and isinstance(asked, int) and asked >= context_length:
+        raise invalid(f"{field} must be in [1, {context_length - 1}] for this model (its "
+                      f"context of {context_length} tokens holds the prompt and the answer; "
+                      f"prompt + {field} may equal it), got {asked}", field)
     try:
         return request_params(fields, defaults)
     except ValueError as exc:

@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from .. import ContextLengthError, EngineBusyError, EngineClosedError, EngineOutOfMemoryError
 from ..params import GenerationParams
@@ -73,8 +74,24 @@ def from_exception(exc: BaseException, param: str | None = None) -> APIError:
         return invalid(str(exc), param, "context_length_exceeded")
     if isinstance(exc, ValueError):
         return invalid(str(exc), param_of(str(exc), param))
+    if isinstance(exc, ClientDisconnect):   # nobody is left to answer: not a server fault
+        log.info("the client disconnected before its request was read")
+        return APIError(499, "the client disconnected", None, "client_disconnected")
     log.error("internal error", exc_info=(type(exc), exc, exc.__traceback__))
     return APIError(500, "internal server error", None, "internal_error")
+
+
+def context_message(prompt_tokens: int, gen_length: int, limit: int,
+                    length_field: str | None) -> str:
+    """Why prompt + answer does not fit, with the largest length that would. The rule:
+    prompt tokens + max_tokens may equal the context (exactly at the limit is accepted)."""
+    name = length_field or "max_tokens"
+    asked = f"{name} ({gen_length})" if length_field else f"the default gen_length ({gen_length})"
+    room = limit - prompt_tokens
+    fix = (f"{name} can be at most {room} for this prompt (prompt + {name} may equal the "
+           f"context)" if room >= 1 else "shorten the prompt")
+    return (f"prompt ({prompt_tokens} tokens) + {asked} = {prompt_tokens + gen_length} tokens "
+            f"exceeds the model's context of {limit} tokens; {fix}")
 
 
 def param_of(message: str, fallback: str | None) -> str | None:

@@ -61,7 +61,8 @@ class ServerMetrics:
         self.nfe = Counter("celeris_nfe", "model forward evaluations", registry=r)
         self.disconnects = Counter("celeris_client_disconnects",
                                    "clients that went away before their answer was complete, "
-                                   "by stage (waiting for the first step, or streaming)",
+                                   "by stage: sending (the body), waiting (for a slot), "
+                                   "running (denoising, nothing sent yet), streaming",
                                    ["stage"], registry=r)
         self.finished = Counter("celeris_finished_requests", "generations by finish reason",
                                 ["finish_reason"], registry=r)

@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict
 
 from .errors import invalid
 
-# Request fields that map 1:1 onto GenerationParams fields.
-KNOBS = ("temperature", "top_p", "top_k", "seed", "steps", "block_length", "decoding",
-         "threshold", "factor", "remasking", "cache", "cfg_scale", "suppress_eos",
-         "defer_eos", "early_stop")
+# Request fields that map 1:1 onto GenerationParams fields (every one but ``stop``, whose
+# request form may be a single string): the one body schema of the routes and batch jobs.
+KNOBS = ("gen_length", "temperature", "top_p", "top_k", "seed", "steps", "block_length",
+         "decoding", "threshold", "factor", "remasking", "cache", "cfg_scale", "suppress_eos",
+         "defer_eos", "early_stop", "first_token")
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "gen_length")
 # OpenAI fields Celeris does not implement, with the value that means "off".
 NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0,
                            "logit_bias": {}, "logprobs": False, "echo": False, "best_of": 1,
@@ -50,6 +52,8 @@ class _Knobs(_Strict):
     top_k: int | None = None
     seed: int | None = None
     # diffusion knobs (extra_body)
+    gen_length: int | None = None          # GenerationParams' name for max_tokens
+    first_token: str | None = None
     steps: int | None = None
     block_length: int | None = None
     decoding: str | None = None
@@ -72,6 +76,17 @@ class _Knobs(_Strict):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+
+    def generation_fields(self) -> dict[str, Any]:
+        """The request_params fields of this request (None: not given)."""
+        fields: dict[str, Any] = {k: getattr(self, k) for k in KNOBS}
+        fields.update(max_tokens=self.max_tokens, stop=self.stop,
+                      max_completion_tokens=getattr(self, "max_completion_tokens", None))
+        return fields
+
+    def length_field(self) -> str | None:
+        """The name under which the request gave its length cap, if it did."""
+        return next((k for k in LENGTH_FIELDS if getattr(self, k, None) is not None), None)
 
     def check_neutral(self) -> None:
         for name, neutral in NEUTRAL.items():

@@ -13,10 +13,10 @@ from typing import Any, Awaitable, Callable, TypeVar
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 
-from ..outputs import FinishReason, GenerationResult
+from ..outputs import FinishReason, GenerationResult, StepEvent
 from .auth import api_key_dependency
-from .bodies import generation_params, read_request
-from .errors import APIError, from_exception
+from .bodies import ClientGone, generation_params, read_request
+from .errors import APIError, context_message, from_exception
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .shaping import Shapes
 from .state import ServerState
@@ -24,6 +24,7 @@ from .streaming import EventStream, sse_events
 
 T = TypeVar("T")
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
+ABORT_WAIT_S = 5.0   # how long an aborted request's last item is awaited after a disconnect
 
 
 def register_routes(target: FastAPI, state: ServerState,
@@ -41,7 +42,7 @@ def _endpoints(state: ServerState) -> dict[tuple[str, str], Callable[..., Any]]:
         return {"status": "ok"}
 
     async def ready() -> JSONResponse:
-        status, detail = state.readiness()
+        status, detail = await state.check_readiness()
         return JSONResponse({"status": status, "detail": detail},
                             status_code=200 if status == "ready" else 503)
 
@@ -72,26 +73,32 @@ def _endpoints(state: ServerState) -> dict[tuple[str, str], Callable[..., Any]]:
 
 # ----------------------------------------------------------------------- completions
 async def _complete(state: ServerState, request: Request, chat: bool) -> Response:
-    req = await read_request(request, ChatCompletionRequest if chat else CompletionRequest,
-                             state.max_body_bytes)
+    try:
+        req = await read_request(request, ChatCompletionRequest if chat else CompletionRequest,
+                                 state.max_body_bytes)
+    except ClientGone:
+        state.metrics.disconnects.labels("sending").inc()
+        return Response(status_code=ClientGone.STATUS)
     aengine = state.require_engine()
     if req.model is not None and req.model != state.model_name:
         raise _unknown_model(req.model, state.model_name)
     prompt_param = "messages" if chat else "prompt"
     prompt = req.to_prompt()
-    params = generation_params(req, aengine.engine.default_params())
+    params = generation_params(req, aengine.engine.default_params(), state.context_length())
     request_id = uuid.uuid4().hex[:16]
     shapes = Shapes(chat, request_id, state.model_name)
     items = aengine.stream(prompt, params, request_id, events=req.stream)
     try:
-        first = await until_disconnect(request, items.__anext__())
+        first = await until_disconnect(request, items.__anext__(),
+                                       lambda: aengine.abort(request_id))
     except Exception as exc:
         await items.aclose()
-        capped = req.max_tokens is not None or getattr(req, "max_completion_tokens", None)
-        raise _request_error(exc, prompt_param, bool(capped), params.gen_length) from None
-    if first is None:   # the client went away while queued
-        state.metrics.disconnects.labels("waiting").inc()
-        return Response(status_code=499)
+        raise _request_error(exc, prompt_param, req.length_field(), params.gen_length
+                             ) from None
+    if isinstance(first, Disconnected):   # the client went away before its first byte
+        await items.aclose()
+        state.metrics.disconnects.labels(first.stage).inc()
+        return Response(status_code=ClientGone.STATUS)
 
     def finish(result: GenerationResult) -> str:
         if result.finish_reason is FinishReason.ABORT:
@@ -110,16 +117,13 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
     return JSONResponse(shapes.response(first, finish(first)))
 
 
-def _request_error(exc: Exception, prompt_param: str, capped: bool,
+def _request_error(exc: Exception, prompt_param: str, length_field: str | None,
                    gen_length: int) -> APIError:
-    """Engine exception -> APIError; a context overflow names the prompt and max_tokens."""
+    """Engine exception -> APIError; a context overflow names the prompt, the length field
+    and the largest value that fits."""
     error = from_exception(exc, prompt_param)
     if error.code == "context_length_exceeded" and getattr(exc, "gen_length", 0):
-        asked = (f"max_tokens ({gen_length})" if capped
-                 else f"the default gen_length ({gen_length})")
-        error.message = (f"prompt ({exc.prompt_tokens} tokens) + {asked} = "
-                         f"{exc.prompt_tokens + gen_length} tokens exceeds the model's context "
-                         f"of {exc.limit} tokens")
+        error.message = context_message(exc.prompt_tokens, gen_length, exc.limit, length_field)
     return error
 
 
@@ -128,24 +132,41 @@ def _unknown_model(asked: str, served: str) -> APIError:
                     "model", "model_not_found")
 
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T | None:
-    """Await ``work`` unless the client disconnects first (then cancel it: that aborts the
-    request in the engine) and return None."""
+class Disconnected:
+    """The client went away before ``until_disconnect``'s work was done; ``stage`` says
+    whether its request was still waiting for a slot or already being denoised."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+
+async def until_disconnect(request: Request, work: Awaitable[T],
+                           abort: Callable[[], None]) -> T | Disconnected:
+    """Await ``work`` (the request's first item) unless the client disconnects first: then
+    ``abort()`` the request, whose item then comes within a step and tells how far it got."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     finally:
         watch.cancel()
-        if not task.done():
-            task.cancel()
     if task in done:
         return task.result()
+    abort()
     try:
-        await task
-    except (asyncio.CancelledError, StopAsyncIteration, Exception):
-        pass
-    return None
+        item = await asyncio.wait_for(task, ABORT_WAIT_S)
+    except (asyncio.TimeoutError, asyncio.CancelledError, StopAsyncIteration, Exception):
+        return Disconnected("waiting")
+    return Disconnected("running" if _denoised(item) else "waiting")
+
+
+def _denoised(item: Any) -> bool:
+    """Whether a request's first item shows a denoising step (a step event, or a result
+    with at least one forward)."""
+    return isinstance(item, StepEvent) or getattr(item, "nfe", 0) > 0
 
 
 async def _disconnected(request: Request) -> None:

@@ -10,8 +10,11 @@ aborted, and the process exits with 128 + the signal number, without tracebacks.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
+import socket
+import sys
 import threading
 from typing import Any
 
@@ -43,28 +46,68 @@ def main(args: argparse.Namespace) -> int:
     device, dtype = getattr(args, "device", "auto"), getattr(args, "dtype", "auto")
     EngineConfig(device=device, dtype=dtype, **options)   # bad options fail before the port
     drain_timeout = _drain_timeout(getattr(args, "drain_timeout", None))
+    check_port(args.port)
+    try:   # before the model loads: no thread is running yet when this fails
+        sock = bind_socket(args.host, args.port)
+    except PortUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     failed = threading.Event()
     server: DrainingServer | None = None
+
+    def give_up() -> None:   # loading or warming up failed for good: exit non-zero
+        failed.set()
+        if server is not None:
+            server.should_exit = True
 
     def load() -> Engine:
         try:
             return Engine.from_pretrained(getattr(args, "model", None), device=device,
                                           dtype=dtype, **options)
         except Exception:
-            failed.set()
-            if server is not None:
-                server.should_exit = True
+            give_up()
             raise
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    app = create_app(load, api_key=api_key, host=args.host)
+    app = create_app(load, api_key=api_key, host=args.host, on_fatal=give_up)
     server = DrainingServer(uvicorn_config(app, args.host, args.port), app.state.celeris,
                             drain_timeout)
     server.should_exit = failed.is_set()   # the loader may have failed before `server` existed
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     if failed.is_set():   # reported by the CLI as "error: ..." with exit status 2
         raise ModelLoadError(app.state.celeris.failure or "loading the model failed")
     return server.exit_code()
+
+
+class PortUnavailable(OSError):
+    """The port cannot be listened on (in use, or not allowed)."""
+
+
+def check_port(port: object) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"--port must be in [1, 65535], got {port!r}")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), handed to uvicorn; binding here, before the model
+    loads, turns a busy port into one line instead of uvicorn's exit from a running server."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortUnavailable(f"port {port} is already in use on {host}; start on "
+                                  f"another one with --port {port + 1 if port < 65535 else 8000}"
+                                  ) from None
+        raise PortUnavailable(f"cannot listen on {host}:{port}: "
+                              f"{exc.strerror or exc}") from None
+    return sock
 
 
 def _drain_timeout(value: Any) -> float:

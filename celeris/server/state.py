@@ -2,37 +2,52 @@
 
 The engine may be handed over loaded, or as a loader that runs in a background thread while
 the server already answers: until it is loaded and a warm-up generation has run, /ready says
-503 and the API routes answer 503 "loading".
+503 and the API routes answer 503 "loading". A failed warm-up is tried again with exponential
+backoff; after WARMUP_ATTEMPTS failures ``on_fatal`` is called (``serve`` then exits non-zero so
+that a supervisor restarts it). While the engine is idle but not ready (failed steps, a failed
+warm-up), /ready runs a one-step probe generation and answers from its outcome, so a replica
+comes back by itself once the fault has passed (SGLang's health_generate does the same).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from typing import Any, Callable
 
-from .. import AsyncEngine, CelerisError, Engine, memory_info
+from .. import AsyncEngine, CelerisError, Engine, GenerationParams, memory_info
 from .errors import APIError, unavailable
 from .metrics import ServerMetrics
 
 log = logging.getLogger("celeris.server")
 UNHEALTHY_AFTER = 3   # consecutive failed denoising steps that turn /ready to 503
+WARMUP_ATTEMPTS = 3   # warm-up generations tried before giving up (on_fatal)
+WARMUP_BACKOFF_S = 2.0   # wait before the second attempt; doubled before each later one
+PROBE_INTERVAL_S = 1.0   # /ready runs at most one probe generation per interval
+PROBE_TIMEOUT_S = 30.0
 
 EngineSource = Engine | Callable[[], Engine]
 
 
 class ServerState:
     def __init__(self, engine: EngineSource, *, model_name: str | None = None,
-                 max_body_bytes: int = 1_000_000, warmup: bool = True) -> None:
+                 max_body_bytes: int = 1_000_000, warmup: bool = True,
+                 on_fatal: Callable[[], None] | None = None) -> None:
         self.model_name = model_name or ""
         self.max_body_bytes = max_body_bytes
         self.aengine: AsyncEngine | None = None
         self.ready = False
         self.draining = False
         self.failure: str | None = None
+        self.warmup_failed = False   # loaded, but the warm-up generation kept failing
+        self.on_fatal = on_fatal
         self.created = int(time.time())
         self.metrics = ServerMetrics(self.stats)
+        self._probe_lock = asyncio.Lock()
+        self._probed_at = -PROBE_INTERVAL_S
+        self._context_length: int | None = None
         if isinstance(engine, Engine):
             self._attach(engine, warmup)
         else:
@@ -46,6 +61,8 @@ class ServerState:
         except Exception as exc:   # noqa: BLE001 - reported by /ready, details in the log
             self.failure = f"loading the model failed: {exc}"
             log.error(self.failure, exc_info=not isinstance(exc, (CelerisError, OSError)))
+            if self.on_fatal is not None:
+                self.on_fatal()
             return
         self._attach(engine, warmup)
 
@@ -58,18 +75,27 @@ class ServerState:
             self.ready = True
 
     def _warm_up(self) -> None:
-        """One short generation so the first real request does not pay for lazy setup."""
+        """One short generation so the first real request does not pay for lazy setup;
+        a failure is tried again after WARMUP_BACKOFF_S, 2x, 4x... seconds."""
         engine = self.aengine.engine
-        p = engine.default_params()
-        try:
-            engine.generate("Hello", p.replace(gen_length=p.block_length, steps=1, seed=0,
-                                               stop=()))
-        except Exception as exc:   # noqa: BLE001
-            log.exception("warm-up generation failed")
-            self.failure = f"warm-up generation failed: {exc}"
+        for attempt in range(1, WARMUP_ATTEMPTS + 1):
+            try:
+                engine.generate("Hello", probe_params(engine.default_params()))
+            except Exception as exc:   # noqa: BLE001 - the cause goes to the log and /ready
+                cause = f"{type(exc).__name__}: {exc}"
+                log.warning("warm-up generation failed (attempt %d of %d): %s", attempt,
+                            WARMUP_ATTEMPTS, cause, exc_info=attempt == WARMUP_ATTEMPTS)
+                if attempt < WARMUP_ATTEMPTS:
+                    time.sleep(WARMUP_BACKOFF_S * 2 ** (attempt - 1))
+                continue
+            self.ready = True
+            log.info("model %s is ready", self.model_name)
             return
-        self.ready = True
-        log.info("model %s is ready", self.model_name)
+        self.warmup_failed = True
+        self.failure = f"the warm-up generation failed {WARMUP_ATTEMPTS} times; last: {cause}"
+        log.error(self.failure)
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     # ------------------------------------------------------------ for the routes
     def require_engine(self) -> AsyncEngine:
@@ -80,6 +106,9 @@ class ServerState:
             if self.failure:
                 raise APIError(503, "the model could not be loaded", None, "model_unavailable")
             raise unavailable("the model is still loading; retry shortly", "model_loading")
+        if self.warmup_failed:
+            raise APIError(503, "the model is loaded but its warm-up generation failed; see "
+                           "/ready", None, "model_unavailable")
         if not self.ready:
             raise unavailable("the model is warming up; retry shortly", "model_loading")
         return self.aengine
@@ -87,6 +116,10 @@ class ServerState:
     def readiness(self) -> tuple[str, str]:
         if self.draining:
             return "draining", "the server is shutting down"
+        if self.warmup_failed:   # the exception's type, not its text (paths stay in the log)
+            cause = (self.failure or "").rsplit("last: ", 1)[-1].split(":", 1)[0]
+            return "failed", (f"the model loaded, but the warm-up generation failed "
+                              f"{WARMUP_ATTEMPTS} times ({cause}); see the server log")
         if self.failure:   # details (paths, exceptions) stay in the server log
             return "failed", "the model could not be loaded; see the server log"
         if not self.ready:
@@ -98,6 +131,37 @@ class ServerState:
                                  "server log")
         return "ready", self.model_name
 
+    async def check_readiness(self) -> tuple[str, str]:
+        """``readiness()``, after a probe generation when the engine is idle but not ready
+        (a probe that succeeds clears the failed state: its good step resets the count)."""
+        status, detail = self.readiness()
+        if status in ("unhealthy", "failed") and self._probe_worth_it():
+            async with self._probe_lock:
+                if time.monotonic() - self._probed_at >= PROBE_INTERVAL_S:
+                    await self._probe()
+            status, detail = self.readiness()
+        return status, detail
+
+    def _probe_worth_it(self) -> bool:
+        if self.aengine is None or self.draining:
+            return False
+        stats = self.aengine.stats()
+        return not stats.get("running") and not stats.get("queued")
+
+    async def _probe(self) -> None:
+        engine = self.aengine.engine
+        try:
+            await asyncio.wait_for(self.aengine.generate("Hello", probe_params(
+                engine.default_params())), PROBE_TIMEOUT_S)
+        except Exception as exc:   # noqa: BLE001 - /ready stays 503; the step log has details
+            log.warning("readiness probe failed: %s: %s", type(exc).__name__, exc)
+        else:
+            if self.warmup_failed:
+                log.info("readiness probe succeeded: model %s is ready", self.model_name)
+            self.warmup_failed, self.failure, self.ready = False, None, True
+        finally:
+            self._probed_at = time.monotonic()
+
     def abort_error(self) -> APIError:
         """The error for a generation that ended with finish_reason "abort"."""
         if self.draining or self.aengine is None:
@@ -105,6 +169,12 @@ class ServerState:
         timeout = self.aengine.engine.config.request_timeout_s
         return APIError(504, f"the request did not finish within the server's timeout of "
                         f"{timeout:g} s", None, "timeout")
+
+    def context_length(self) -> int | None:
+        """The served model's context in tokens (read once)."""
+        if self._context_length is None and self.aengine is not None:
+            self._context_length = int(self.aengine.engine.info()["context_length"])
+        return self._context_length
 
     def model_card(self) -> dict[str, Any]:
         self.require_engine()
@@ -132,3 +202,9 @@ class ServerState:
     def drain_sync(self, timeout: float | None) -> bool:
         self.draining = True
         return True if self.aengine is None else self.aengine.engine.drain(timeout)
+
+
+def probe_params(defaults: GenerationParams) -> GenerationParams:
+    """The cheapest real generation: one block, one step, greedy, fixed seed."""
+    return defaults.replace(gen_length=defaults.block_length, steps=1, seed=0, stop=(),
+                            temperature=0.0)
