@@ -76,7 +76,7 @@ def test_validation_names_every_bad_line_and_generates_nothing(tmp_path, model, 
         {"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}, "{not json",
         {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
         {"id": "t", "prompt": "x", "temperature": -1}, {"prompt": "no id"},
-        {"id": "u", "prompt": "x", "logit_bias": {}}, "",
+        {"id": "u", "prompt": "x", "temprature": 0.5}, "",
         {"id": "long", "prompt": "x", "gen_length": 4096, "block_length": 32}])
     out = tmp_path / "out.jsonl"
     assert _batch(str(src), "--output", str(out), "--model", str(model)) == 2
@@ -84,7 +84,7 @@ def test_validation_names_every_bad_line_and_generates_nothing(tmp_path, model, 
     for expected in ("line 2: duplicate id 'a' (first on line 1)", "line 3: malformed JSON",
                      "line 4: url must be one of", "line 5: temperature must be in",
                      "line 6: id must be a non-empty string",
-                     "line 7: unsupported parameter(s) logit_bias",
+                     "line 7: unknown parameter 'temprature': not supported by this server",
                      "line 9: prompt (", "exceeds the model's context"):
         assert expected in err, err
     assert "line 1:" not in err and not out.exists()

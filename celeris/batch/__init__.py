@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 from .jobs import Invalid, Job, file_sha256, read_jobs
 from .ray_data import RayRunner, import_ray
-from .runners import LocalRunner, Outcome, RemoteRunner, output_record
+from .runners import LocalRunner, Outcome, RemoteRunner, ServerUnreachable, output_record
 from .store import ResultStore
 
 DEFAULT_CONCURRENCY = 8
@@ -153,6 +153,7 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
         api_key = args.api_key or os.environ.get("CELERIS_API_KEY") or None
         retries = getattr(args, "max_retries", None)
         runner = RemoteRunner(args.url, api_key, max_retries=6 if retries is None else retries)
+        runner.check_reachable()   # before validating (which may ask it for its models)
         return runner, GenerationParams(), {"url": args.url}
     device = "cpu" if ray else getattr(args, "device", "auto")   # Ray: the driver only checks
     engine = Engine.from_pretrained(args.model, device=device,
@@ -218,7 +219,11 @@ def run_job(args: argparse.Namespace) -> Summary:
 
 
 def main(args: argparse.Namespace) -> int:
-    summary = run_job(args)
+    try:
+        summary = run_job(args)
+    except ServerUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"batch: {summary.line()}")
     return 0 if summary.failed == 0 else 1
 

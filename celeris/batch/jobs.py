@@ -4,8 +4,9 @@ Two line formats:
   OpenAI batch: {"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
                  "body": {"messages" | "prompt", "max_tokens", "temperature", ...}}
   simple:       {"id", "prompt" | "messages", ...GenerationParams fields or max_tokens}
-Generation knobs in a body may also be any ``GenerationParams`` field (e.g. "decoding").
-Every problem is reported with its line number; ``GenerationParams`` supplies the messages.
+A body (or a simple line without its id) is checked by the server's own request schema
+(``celeris.server.protocol``): the fields, types and messages are the ones /v1 uses, so a line
+means the same in-process and with ``--url``. Every problem is reported with its line number.
 """
 
 from __future__ import annotations
@@ -21,12 +22,7 @@ from celeris.request_params import request_params
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
-OPENAI_PASSTHROUGH = ("temperature", "top_p", "seed", "stop", "max_tokens",
-                      "max_completion_tokens")
-IGNORED = ("model", "user", "metadata", "store")
-# OpenAI fields accepted only at their no-op value.
-NOOP_DEFAULTS = {"n": 1, "stream": False, "frequency_penalty": 0, "presence_penalty": 0,
-                 "logprobs": None}
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "gen_length")
 
 
 @dataclass(frozen=True)
@@ -42,6 +38,11 @@ class Job:
     @property
     def is_chat(self) -> bool:
         return self.endpoint == CHAT
+
+    @property
+    def length_field(self) -> str | None:
+        """The name under which the line gave its length cap, if it did."""
+        return next((k for k in LENGTH_FIELDS if k in self.overrides), None)
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def file_sha256(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------- one line
-def _openai_line(obj: dict[str, Any]) -> tuple[str, str, Any, dict[str, Any], dict]:
+def _openai_line(obj: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     cid = obj.get("custom_id")
     if not isinstance(cid, str) or not cid:
         raise ValueError("custom_id must be a non-empty string")
@@ -90,11 +91,10 @@ def _openai_line(obj: dict[str, Any]) -> tuple[str, str, Any, dict[str, Any], di
     extra = sorted(set(obj) - {"custom_id", "method", "url", "body"})
     if extra:
         raise ValueError(f"unknown top-level field(s): {', '.join(extra)}")
-    rest = {k: v for k, v in body.items() if k != key}
-    return cid, url, body[key], _knobs(rest, "body."), body
+    return cid, url, body
 
 
-def _simple_line(obj: dict[str, Any]) -> tuple[str, str, Any, dict[str, Any], dict]:
+def _simple_line(obj: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
     cid = obj.get("id")
     if isinstance(cid, int) and not isinstance(cid, bool):
         cid = str(cid)
@@ -104,42 +104,37 @@ def _simple_line(obj: dict[str, Any]) -> tuple[str, str, Any, dict[str, Any], di
     if len(has) != 1:
         raise ValueError("give exactly one of prompt or messages")
     url = CHAT if has[0] == "messages" else COMPLETIONS
-    rest = {k: v for k, v in obj.items() if k not in ("id", has[0])}
-    knobs = _knobs(rest, "")
-    body = {has[0]: obj[has[0]], **knobs}
-    if "model" in obj:
-        body["model"] = obj["model"]
-    return cid, url, obj[has[0]], knobs, body
+    return cid, url, {k: v for k, v in obj.items() if k != "id"}
 
 
-def _knobs(fields: dict[str, Any], where: str) -> dict[str, Any]:
-    """Generation knobs of a line; unknown fields are an error naming them."""
-    out, unknown = {}, []
-    allowed = set(GenerationParams.field_names()) | set(OPENAI_PASSTHROUGH)
-    for name, value in fields.items():
-        if name in IGNORED:
-            continue
-        if name in NOOP_DEFAULTS:
-            if value != NOOP_DEFAULTS[name]:
-                raise ValueError(f"{where}{name} must be {json.dumps(NOOP_DEFAULTS[name])} "
-                                 f"(not supported), got {json.dumps(value)}")
-            continue
-        if name in allowed:
-            out[name] = value
-        else:
-            unknown.append(name)
-    if unknown:
-        raise ValueError(f"unsupported parameter(s) {', '.join(where + u for u in unknown)}; "
-                         f"allowed: {', '.join(sorted(allowed))}")
-    return out
+def check_body(url: str, body: dict[str, Any]) -> Any:
+    """The body validated by the server's own request schema (so a line that passes here
+    passes there, and the other way round); ValueError with the server's message."""
+    from pydantic import ValidationError
+
+    from celeris.server.bodies import validation_error
+    from celeris.server.errors import APIError
+    from celeris.server.protocol import ChatCompletionRequest, CompletionRequest
+
+    schema = ChatCompletionRequest if url == CHAT else CompletionRequest
+    try:
+        req = schema.model_validate_json(json.dumps(body))
+        if req.stream or req.stream_options is not None:
+            raise ValueError("stream must be false in a batch job (each line gets one "
+                             "answer)")
+        req.check_neutral()
+        req.to_prompt()
+    except ValidationError as exc:
+        raise ValueError(validation_error(exc).message) from None
+    except APIError as exc:
+        raise ValueError(exc.message) from None
+    return req
 
 
-def _check_prompt(job: Job) -> None:
-    if job.is_chat:
-        if not isinstance(job.prompt, list) or not job.prompt:
-            raise ValueError("messages must be a non-empty list of {role, content} objects")
-    elif not isinstance(job.prompt, str) or not job.prompt:
-        raise ValueError("prompt must be a non-empty string")
+def _overrides(req: Any) -> dict[str, Any]:
+    """The generation fields a request gives (request_params names), as the server maps
+    them."""
+    return {k: v for k, v in req.generation_fields().items() if v is not None}
 
 
 # ---------------------------------------------------------------------- params
@@ -148,13 +143,6 @@ def resolve_params(overrides: dict[str, Any], base: GenerationParams, custom_id:
     """GenerationParams for a line through the mapping the server uses (max_tokens is the
     cap, never rounded); the seed comes from the id unless the line gives one."""
     return request_params({"seed": stable_seed(custom_id), **overrides}, base)
-
-
-def model_of(obj: dict[str, Any], where: str) -> str | None:
-    model = obj.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ValueError(f"{where}model must be a string, got {model!r}")
-    return model
 
 
 # ---------------------------------------------------------------------- the file
@@ -194,11 +182,10 @@ def _parse_line(number: int, text: str, base: GenerationParams, first_line: dict
         first_line[cid] = number
     try:
         openai = any(k in obj for k in ("custom_id", "url", "body", "method"))
-        cid, url, prompt, knobs, body = (_openai_line if openai else _simple_line)(obj)
-        job = Job(number, cid, url, prompt, knobs, body,
-                  model_of(body, "body." if openai else ""))
-        _check_prompt(job)
-        params = resolve_params(knobs, base, cid)
+        cid, url, body = (_openai_line if openai else _simple_line)(obj)
+        req = check_body(url, body)
+        job = Job(number, cid, url, req.to_prompt(), _overrides(req), body, req.model)
+        params = resolve_params(job.overrides, base, cid)
         if check is not None:
             check(job, params)
     except ValueError as exc:

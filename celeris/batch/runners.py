@@ -53,11 +53,20 @@ def output_record(outcome: Outcome) -> dict[str, Any]:
     response = None if outcome.status == 0 else {
         "status_code": outcome.status, "request_id": f"req_{_short_hash(job.custom_id)}",
         "body": outcome.body}
-    error = None if outcome.ok else {"code": "request_failed" if outcome.status else
-                                     "no_response", "message": outcome.error,
+    error = None if outcome.ok else {"code": error_code(outcome), "message": outcome.error,
                                      "retryable": outcome.retryable}
     return {"id": f"batch_req_{_short_hash(job.custom_id)}", "custom_id": job.custom_id,
             "response": response, "error": error}
+
+
+def error_code(outcome: Outcome) -> str:
+    """The server's own error code when it sent one (e.g. context_length_exceeded)."""
+    if not outcome.status:
+        return "no_response"
+    body = outcome.body or {}
+    error = body.get("error", body)   # the openai client hands over the inner error object
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) and code else "request_failed"
 
 
 # ---------------------------------------------------------------------- in-process
@@ -71,32 +80,33 @@ class LocalRunner:
 
     def check(self, job: Job, params: GenerationParams) -> None:
         """Validation hook: the model name as the server checks it, then tokenise and check
-        the context exactly as generation will."""
+        the context exactly as generation will (the message in the server's words)."""
+        from celeris import ContextLengthError
+        from celeris.server.errors import context_message
+
         check_model(job, [self.model_name])
-        self.engine.prepare(job.prompt, params)
+        try:
+            self.engine.prepare(job.prompt, params)
+        except ContextLengthError as exc:
+            if not exc.gen_length:
+                raise
+            raise ValueError(context_message(exc.prompt_tokens, exc.gen_length, exc.limit,
+                                             job.length_field)) from None
 
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         """One batch; when it fails, each job alone (a smaller batch), to find the one
-        that fails or to fit in memory."""
+        that fails or to fit in memory. A job that fails alone is an error outcome: the
+        run goes on with the next one."""
         params = [resolve_params(j.overrides, self.base, j.custom_id) for j in jobs]
         try:
             results = self.engine.generate_batch(
                 [j.prompt for j in jobs], params,
                 [f"req_{_short_hash(j.custom_id)}" for j in jobs])
-        except Exception:
+        except Exception as exc:   # noqa: BLE001 - recorded on the job's line
             if len(jobs) == 1:
-                raise
-            return [o for j in jobs for o in self._one(j)]
+                return [failure_outcome(jobs[0], exc)]
+            return [o for j in jobs for o in self.run([j])]
         return [self._outcome(j, r) for j, r in zip(jobs, results)]
-
-    def _one(self, job: Job) -> list[Outcome]:
-        try:
-            return self.run([job])
-        except MemoryError as exc:
-            return [Outcome(job, 503, None, f"out of memory: {exc}")]
-        except Exception as exc:
-            status = 503 if type(exc).__name__ == "OutOfMemoryError" else 500
-            return [Outcome(job, status, None, f"{type(exc).__name__}: {exc}")]
 
     def _outcome(self, job: Job, result: Any) -> Outcome:
         text, finish = result.text, str(result.finish_reason)
@@ -107,6 +117,13 @@ class LocalRunner:
                                                  {"seed": result.seed, "nfe": result.nfe,
                                                   "steps": result.steps,
                                                   "elapsed_s": round(result.timings.total_s, 4)}))
+
+
+def failure_outcome(job: Job, exc: BaseException) -> Outcome:
+    """The outcome of a job whose generation raised: out of memory is a retryable 503."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return Outcome(job, 503, None, f"out of memory: {exc}")
+    return Outcome(job, 500, None, f"{type(exc).__name__}: {exc}")
 
 
 def check_model(job: Job, served: Sequence[str]) -> None:
@@ -142,12 +159,26 @@ class RemoteRunner:
 
         base = url.rstrip("/")
         base = base if base.endswith("/v1") else base + "/v1"
+        self.url, self.base_url, self.api_key = url, base, api_key
         self._sent = threading.local()     # requests sent for the job of this thread
         http = openai.DefaultHttpxClient(event_hooks={"request": [self._count]})
         self.client = openai.OpenAI(base_url=base, api_key=api_key or "none",
                                     max_retries=max_retries, timeout=timeout_s,
                                     http_client=http)
         self._served: list[str] | None = None
+
+    def check_reachable(self, timeout_s: float = 10.0) -> None:
+        """One GET of /v1/models, before any line is validated: no answer at all raises
+        ServerUnreachable (any HTTP status, 401 and 404 included, means someone answered)."""
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            httpx.get(f"{self.base_url}/models", headers=headers, timeout=timeout_s)
+        except httpx.TimeoutException:
+            raise ServerUnreachable(self.url, f"no answer within {timeout_s:g} s") from None
+        except (httpx.TransportError, httpx.InvalidURL, ValueError) as exc:
+            raise ServerUnreachable(self.url, _reason(exc)) from None
 
     def _count(self, request: Any) -> None:
         self._sent.n = getattr(self._sent, "n", 0) + 1
@@ -189,3 +220,18 @@ class RemoteRunner:
 
     def _retries(self) -> int:
         return max(0, getattr(self._sent, "n", 1) - 1)
+
+
+class ServerUnreachable(ConnectionError):
+    """Nothing answered at the batch's --url."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"cannot reach the server at {url} ({reason}): check that it is "
+                         f"running and that --url (scheme, host and port) is right")
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost cause of a connection failure, e.g. "[Errno 111] Connection refused"."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    return str(exc) or type(exc).__name__
