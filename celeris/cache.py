@@ -1,81 +1,14 @@
-"""Block KV cache (Fast-dLLM, Wu et al. 2025, sec. 3.2).
+"""The KV cache: one static buffer per layer with a slot per running request.
 
-In a masked diffusion LM every position attends to every other, so nothing can be cached
-exactly. But within a block the keys and values of positions outside it change little from step
-to step, so they are computed once per block (a *refresh*: one full forward) and reused:
-
-- ``prefix``: the prompt and finished blocks come from the cache; the current block and the
-  masked suffix are recomputed every step.
-- ``dual``:   only the current block is recomputed; prefix and suffix both come from the cache.
-
-The buffers are allocated once per batch layout with fixed shapes, (B, Hkv, L, D) per layer,
-and the fresh keys/values of each forward are written into them in place; the model reads the
-whole buffer. A position is only written where it is *fresh* for its row, so rows at different
-blocks share one forward without disturbing each other's cached state.
+Both attention kinds use it. A block-causal model's finished blocks are exact and written once
+(an append-only cache, like an autoregressive one); a full-attention model's slot holds the
+keys/values of its last refresh (Fast-dLLM's approximate prefix/dual caches), overwritten
+wherever a forward recomputes them.
 """
 
 from __future__ import annotations
 
 import torch
-
-
-class BlockKVCache:
-    def __init__(self) -> None:
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.key_mask: torch.Tensor | None = None
-        self._idx: torch.Tensor | None = None       # (B, W) positions of this forward
-        self._fresh: torch.Tensor | None = None     # (B, W) bool, None = all fresh
-        self._length = 0
-
-    @property
-    def allocated(self) -> bool:
-        return bool(self.k)
-
-    def clear(self) -> None:
-        self.k, self.v = [], []
-
-    def relayout(self, kept: list[int], added: int, length: int) -> None:
-        """Follow a batch change: keep the rows in ``kept`` (their canvases end at the right
-        edge, so a longer batch only pads on the left), append ``added`` empty rows."""
-        if not self.k:
-            return
-        if not kept:
-            self.clear()
-            return
-        rows = torch.tensor(kept, device=self.k[0].device)
-        for buffers in (self.k, self.v):
-            for i, buf in enumerate(buffers):
-                buf = buf.index_select(0, rows)                                    # (B', H, L, D)
-                B, H, L, D = buf.shape
-                out = buf.new_zeros(B + added, H, length, D)
-                keep = min(L, length)
-                out[:B, :, length - keep:] = buf[:, :, L - keep:]
-                buffers[i] = out
-
-    def bind(self, idx: torch.Tensor, fresh: torch.Tensor | None,
-             key_mask: torch.Tensor | None, length: int) -> "BlockKVCache":
-        """Set what the next forward covers: positions ``idx`` (B, W) of a canvas of
-        ``length``, of which ``fresh`` (B, W) are recomputed (None = all); the rest are read
-        from the cache."""
-        self._idx, self._fresh, self.key_mask, self._length = idx, fresh, key_mask, length
-        return self
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """KVView: write this forward's fresh keys/values (B, H, W, D); return the full
-        buffers (B, H, L, D) to attend to."""
-        B, H, W, D = k.shape
-        if layer == len(self.k):     # first forward of this layout: allocate once
-            self.k.append(k.new_zeros(B, H, self._length, D))
-            self.v.append(v.new_zeros(B, H, self._length, D))
-        idx = self._idx[:, None, :, None].expand(B, H, W, D)
-        for buf, new in ((self.k[layer], k), (self.v[layer], v)):
-            if self._fresh is not None:
-                keep = ~self._fresh[:, None, :, None]
-                new = torch.where(keep, buf.gather(2, idx), new)
-            buf.scatter_(2, idx, new.to(buf.dtype))
-        return self.k[layer], self.v[layer]
 
 
 class SlotKVCache:
@@ -162,8 +95,14 @@ class SlotKVCache:
         every window column whose keys/values this forward computes (finished blocks, and the
         current block as scratch that later steps overwrite); real: the window's non-padding
         columns (B, W) when rows are left-padded (``KVView.query_mask``)."""
-        self._ensure_length(max([*ends, *(w[3] + 1 for w in writes)], default=0))
-        return SlotView(self, slots, ends, writes, real)
+        return self.bind_runs(slots, ends, write_runs(writes), real)
+
+    def bind_runs(self, slots: list[int], ends: list[int],
+                  runs: list[tuple[int, int, int, int, int]],
+                  real: torch.Tensor | None = None) -> "SlotView":
+        """``bind`` with the writes given as runs (row, column, slot, position, length)."""
+        self._ensure_length(max([*ends, *(r[3] + r[4] for r in runs)], default=0))
+        return SlotView(self, slots, ends, runs, real)
 
 
 MAX_SLICE_RUNS = 4        # write runs per forward copied as slices; more go by index
@@ -179,7 +118,7 @@ class SlotView:
     """
 
     def __init__(self, cache: SlotKVCache, slots: list[int], ends: list[int],
-                 writes: list[tuple[int, int, int, int]],
+                 runs: list[tuple[int, int, int, int, int]],
                  real: torch.Tensor | None = None) -> None:
         dev = cache.device
         self.cache, self.B, self.query_mask = cache, len(slots), real
@@ -192,11 +131,10 @@ class SlotView:
         self.key_positions = col.expand(self.B, -1)
         # a few runs (batch 1-2): a slice copy each; many: one gather/scatter by index, which
         # keeps the kernel count of a large batch on a GPU flat
-        self._runs = write_runs(writes)
+        self._runs = runs
         self._index = None
-        if len(self._runs) > MAX_SLICE_RUNS:
-            w = torch.tensor(writes, device=dev).T                              # (4, N)
-            self._index = (w[0], w[1], w[2], w[3])
+        if len(runs) > MAX_SLICE_RUNS:
+            self._index = run_index(runs, dev)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,3 +167,15 @@ def write_runs(writes: list[tuple[int, int, int, int]]) -> list[tuple[int, int, 
         else:
             runs.append([row, col, slot, pos, 1])
     return [tuple(r) for r in runs]
+
+
+def run_index(runs: list[tuple[int, int, int, int, int]], device: torch.device
+              ) -> tuple[torch.Tensor, ...]:
+    """The (row, column, slot, position) index tensors, (N,) each, of every write in
+    ``runs``, built with tensor operations (no loop over positions)."""
+    r = torch.tensor(runs, device=device).T                                      # (5, R)
+    n = r[4]
+    offset = torch.arange(sum(run[4] for run in runs), device=device) - \
+        (n.cumsum(0) - n).repeat_interleave(n)                                   # (N,)
+    row, col, slot, pos = (t.repeat_interleave(n) for t in r[:4])
+    return row, col + offset, slot, pos + offset

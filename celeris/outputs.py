@@ -15,6 +15,7 @@ class FinishReason(str, Enum):
     STOP = "stop"        # EOS committed or a stop string matched
     LENGTH = "length"    # the canvas filled up without EOS
     ABORT = "abort"      # the request was aborted (client gone, Stop button, deadline)
+    ERROR = "error"      # internal: a step failed for it; its client gets the exception
 
     def __str__(self) -> str:
         return self.value

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from celeris import Engine, GenerationParams
-from celeris.sampler import BlockBatch, SamplerRequest
+from tests.engine_harness import run_requests
 from tests.tiny_model import make_tiny_model_dir
 
 PROMPTS = ["the quick brown fox", "Once", "def fib(n): return n if n < 2 else fib",
@@ -114,18 +114,17 @@ def _with_bias(engine, token: int, after: int):
 def test_request_joining_mid_flight_gives_the_same_tokens_as_alone(engine):
     params = engine.default_params().replace(suppress_eos=True, gen_length=20)
     alone = {p: engine.generate(p, params).token_ids for p in PROMPTS[:2]}
-    loop = engine._new_loop()
-    reqs = [engine.prepare(p, params, request_id=str(i)) for i, p in enumerate(PROMPTS[:2])]
     results = {}
-    with torch.inference_mode():
-        loop.add([loop.new_state(reqs[0], 0.0, 1e9)])
-        for _ in range(3):
-            loop.step()
-        loop.add([loop.new_state(reqs[1], 0.0, 1e9)])
-        while len(loop):
-            for st, item in loop.step():
-                if hasattr(item, "token_ids"):
-                    results[st.request_id] = item.token_ids
+
+    def sink(item):
+        if hasattr(item, "token_ids"):
+            results[item.request_id] = item.token_ids
+    engine.submit(PROMPTS[0], params, "0", None, sink)
+    for _ in range(3):
+        engine.run_step()
+    engine.submit(PROMPTS[1], params, "1", None, sink)
+    while engine.scheduler.has_work:
+        engine.run_step()
     assert results == {"0": alone[PROMPTS[0]], "1": alone[PROMPTS[1]]}
 
 
@@ -179,15 +178,9 @@ def test_non_finite_logits_fail_the_request_with_a_clear_error(engine):
 
 
 def test_block_batch_canvas_grows_block_by_block_up_to_the_cap(engine):
-    batch = BlockBatch(engine.model, engine.special, engine.device, None, False)
-    req = SamplerRequest("a", tuple(engine.tokenizer.encode_prompt("Once")),
-                         GenerationParams(gen_length=9, block_length=4, suppress_eos=True), 0)
-    batch.add([req])
-    lengths = []
-    with torch.inference_mode():
-        while len(batch):
-            (out,) = batch.step()
-            lengths.append(len(out.canvas))
+    params = GenerationParams(gen_length=9, block_length=4, suppress_eos=True, cache="none")
+    outs = run_requests(engine, [("a", engine.tokenizer.encode_prompt("Once"), params, 0)])
+    lengths = [len(out.canvas) for out in outs["a"]]
     assert lengths[-1] == 9 and lengths == sorted(lengths)
 
 
@@ -223,8 +216,8 @@ def test_prefix_decoding_at_threshold_one_is_left_to_right_greedy(engine):
 def test_kv_cache_slots_start_short_and_grow_with_the_longest_request(engine, monkeypatch):
     """A slot starts at INITIAL_CACHE_LEN positions, not the whole context; a request that
     reaches past it doubles every slot's length mid-flight, keeping what was cached."""
-    import celeris.sampler as sampler
-    monkeypatch.setattr(sampler, "INITIAL_CACHE_LEN", 8)
+    from celeris.engine import runner
+    monkeypatch.setattr(runner, "INITIAL_CACHE_LEN", 8)
     fresh = Engine(engine.model, engine.tokenizer, engine.model_dir, engine.config)
     params = fresh.default_params()
     want = [engine.generate(p, params.replace(cache="none")).token_ids for p in PROMPTS]

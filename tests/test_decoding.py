@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from celeris import CelerisConfig, CelerisForMaskedDiffusion, GenerationParams
-from celeris.sampler import DenoiseBatch, SamplerRequest, SpecialTokens
 from celeris.sampler.policies import SELECTORS, linear_schedule
+from tests.engine_harness import bare_engine, finish, run_requests, submit
 
 MASK, PAD = 3, 0
 PROMPTS = [(5, 6, 7), (8, 9, 10, 11, 12), (13, 14, 15, 16, 17, 18, 19)]
@@ -24,15 +24,10 @@ def model():
 
 
 def run(model, params, stop=(2,), prompts=PROMPTS, seeds=(1, 2, 3), cache=None):
-    batch = DenoiseBatch(model, SpecialTokens(MASK, PAD, tuple(stop)), torch.device("cpu"),
-                         cache=cache or params.cache)
-    batch.add([SamplerRequest(f"r{j}", p, params, s) for j, (p, s) in
-               enumerate(zip(prompts, seeds))])
-    steps: dict[str, list] = {f"r{j}": [] for j in range(len(prompts))}
-    with torch.inference_mode():
-        while len(batch):
-            for out in batch.step():
-                steps[out.request_id].append(out)
+    engine = bare_engine(model, MASK, PAD, tuple(stop))
+    params = params.replace(cache=cache or params.cache)
+    steps = run_requests(engine, [(f"r{j}", p, params, s) for j, (p, s) in
+                                  enumerate(zip(prompts, seeds))])
     return [steps[f"r{j}"] for j in range(len(prompts))]
 
 
@@ -131,12 +126,9 @@ def test_rows_with_different_settings_share_a_batch_and_match_their_solo_runs(mo
              GenerationParams(gen_length=32, block_length=8, decoding="threshold",
                               threshold=0.2),
              GenerationParams(gen_length=24, block_length=8, remasking="random", steps=6)]
-    batch = DenoiseBatch(model, SpecialTokens(MASK, PAD, (2,)), torch.device("cpu"))
-    batch.add([SamplerRequest(f"r{j}", PROMPTS[j], p, 10 + j) for j, p in enumerate(mixed)])
-    final = {}
-    with torch.inference_mode():
-        while len(batch):
-            final.update({o.request_id: o.canvas for o in batch.step() if o.finish})
+    outs = run_requests(bare_engine(model, MASK, PAD, (2,)),
+                        [(f"r{j}", PROMPTS[j], p, 10 + j) for j, p in enumerate(mixed)])
+    final = {rid: steps[-1].canvas for rid, steps in outs.items()}
     for j, p in enumerate(mixed):
         solo = run(model, p, prompts=[PROMPTS[j]], seeds=[10 + j])[0][-1].canvas
         assert final[f"r{j}"] == solo
@@ -144,15 +136,12 @@ def test_rows_with_different_settings_share_a_batch_and_match_their_solo_runs(mo
 
 def test_a_request_can_join_a_running_batch_between_steps(model):
     params = GenerationParams(gen_length=16, block_length=8, temperature=0.5)
-    batch = DenoiseBatch(model, SpecialTokens(MASK, PAD, (2,)), torch.device("cpu"))
-    batch.add([SamplerRequest("a", PROMPTS[0], params, 1)])
-    final = {}
-    with torch.inference_mode():
-        for o in batch.step():
-            final[o.request_id] = o.canvas
-        batch.add([SamplerRequest("b", PROMPTS[2], params, 2)])
-        while len(batch):
-            final.update({o.request_id: o.canvas for o in batch.step() if o.finish})
+    engine, outs = bare_engine(model, MASK, PAD, (2,)), {}
+    submit(engine, outs, "a", PROMPTS[0], params, 1)
+    engine.run_step()
+    submit(engine, outs, "b", PROMPTS[2], params, 2)
+    finish(engine)
+    final = {rid: steps[-1].canvas for rid, steps in outs.items()}
     assert final["a"] == run(model, params, prompts=[PROMPTS[0]], seeds=[1])[0][-1].canvas
     assert final["b"] == run(model, params, prompts=[PROMPTS[2]], seeds=[2])[0][-1].canvas
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from celeris import CelerisConfig, CelerisForMaskedDiffusion, GenerationParams
-from celeris.sampler import BlockBatch, SamplerRequest, SpecialTokens, new_slot_cache
+from tests.engine_harness import bare_engine, run_requests
 
 MASK, PAD, STOP, BS, SMALL = 3, 0, 2, 8, 4
 
@@ -83,15 +83,11 @@ def upstream_generate(model, prompt: list[int], max_new_tokens: int, threshold: 
 
 
 def _celeris(model, prompt, cap, threshold, exact_cache):
-    special = SpecialTokens(mask=MASK, pad=PAD, stop=(STOP,))
-    kv = new_slot_cache(model) if exact_cache else None
-    batch = BlockBatch(model, special, torch.device("cpu"), kv, shift=True)
     params = GenerationParams(gen_length=cap, block_length=SMALL, decoding="threshold",
-                              threshold=threshold, first_token="greedy", cache="prefix")
-    batch.add([SamplerRequest("r", tuple(prompt), params, 0)])
-    with torch.inference_mode():
-        while len(batch):
-            (out,) = batch.step()
+                              threshold=threshold, first_token="greedy",
+                              cache="prefix" if exact_cache else "none")
+    outs = run_requests(bare_engine(model, MASK, PAD, (STOP,)), [("r", prompt, params, 0)])
+    out = outs["r"][-1]
     return list(out.canvas), out.finish
 
 

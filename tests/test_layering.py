@@ -20,7 +20,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "L1": ("celeris.kernels", "celeris.tokenizer"),
     "L2": ("celeris.cache", "celeris.model"),
     "L3": ("celeris.sampler",),
-    "L4": ("celeris.scheduler", "celeris.steploop", "celeris.engine", "celeris.ar_baseline"),
+    "L4": ("celeris.engine", "celeris.ar_baseline"),
     "L5": ("celeris.server", "celeris.bench", "celeris.batch", "celeris.train", "celeris.cli",
            "celeris.space"),
     "ui": ("ui",),

@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from celeris import CelerisConfig, CelerisForMaskedDiffusion, GenerationParams
-from celeris.sampler import DenoiseBatch, SamplerRequest, SpecialTokens
+from tests.engine_harness import bare_engine, run_requests
 
 MASK, PAD, EOS = 3, 0, 2
 V = 64
-SPECIAL = SpecialTokens(mask=MASK, pad=PAD, stop=(EOS,))
 PROMPTS = [(5, 6, 7), (8, 9, 10, 11, 12), (13, 14, 15, 16, 17, 18, 19)]
 
 
@@ -89,14 +88,10 @@ def transcription(model, prompts, gen_length, block_length, steps, temperature, 
 
 
 def celeris_run(model, prompts, params, seeds, cache="none"):
-    batch = DenoiseBatch(model, SPECIAL, torch.device("cpu"), cache=cache)
-    batch.add([SamplerRequest(f"r{j}", tuple(p), params, seeds[j]) for j, p in enumerate(prompts)])
-    final = {}
-    while len(batch):
-        for out in batch.step():
-            if out.finish:
-                final[out.request_id] = out
-    return [final[f"r{j}"] for j in range(len(prompts))]
+    outs = run_requests(bare_engine(model, MASK, PAD, (EOS,)),
+                        [(f"r{j}", tuple(p), params.replace(cache=cache), seeds[j])
+                         for j, p in enumerate(prompts)])
+    return [outs[f"r{j}"][-1] for j in range(len(prompts))]
 
 
 CASES = [  # (block_length, steps, temperature, cfg_scale, remasking)

@@ -12,7 +12,6 @@ import pytest
 import celeris
 from celeris import (AsyncEngine, ContextLengthError, EngineBusyError, EngineClosedError,
                      FinishReason, GenerationResult, StepEvent)
-from celeris.scheduler import Scheduler
 from tests.live_server import slow_down
 from tests.tiny_model import make_tiny_model_dir
 
@@ -316,15 +315,17 @@ def test_stop_aborts_running_requests_and_later_calls_run_inline(make_engine):
     assert engine.generate("y").finish_reason is not FinishReason.ABORT
 
 
-def test_an_abort_while_tokenising_is_answered_at_submit(make_engine):
+def test_an_abort_while_tokenising_is_answered_at_the_next_step(make_engine):
     engine = make_engine()
-    scheduler = Scheduler(engine._new_loop(), engine.config)   # not started: nothing runs
-    got = []
-    slot = scheduler.reserve("early")
+    scheduler, got = engine.scheduler, []
+    scheduler.reserve("early")
     with pytest.raises(ValueError, match="already in use"):
         scheduler.reserve("early")
     assert scheduler.abort("early") and not scheduler.abort("unknown")
-    scheduler.submit(slot, engine.prepare("x", request_id="early"), got.append)
-    assert [r.finish_reason for r in got] == [FinishReason.ABORT]
+    req = engine.prepare("x", request_id="early")
+    req.sink = got.append
+    scheduler.submit(req)
+    engine.run_step()
+    assert [(r.finish_reason, r.nfe) for r in got] == [(FinishReason.ABORT, 0)]
     assert scheduler.stats()["running"] == 0
     scheduler.reserve("early")   # the id is free again

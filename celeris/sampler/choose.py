@@ -1,10 +1,10 @@
-"""Choosing tokens from a step's logits: the part of a denoising step that both batch kinds
-(full-canvas ``DenoiseBatch`` and block-causal ``BlockBatch``) share.
+"""Choosing tokens from a step's logits.
 
-``RowKnobs`` holds every row's decoding knobs as device tensors, built once when the batch
-changes; ``choose`` turns the active block's logits into a candidate token and a confidence per
-position (and flags rows whose logits are not finite), ``select`` applies each row's unmask
-schedule. No host sync happens here: the caller syncs once per step.
+``RowKnobs`` holds every row's decoding knobs as (B,)-shaped device tensors, built once when the
+running batch changes, so requests with different temperatures, filters, thresholds, decoding
+rules and remasking share one forward; ``choose`` turns each row's unit logits into a candidate
+token and a confidence per position (and flags rows whose logits are not finite), ``select``
+applies each row's unmask schedule. No host sync happens here: the runner syncs once per step.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from ..kernels import block_stats
 from ..params import GenerationParams
-from .noise import filter_logits, gumbel_uniforms, uniform_noise
+from .noise import filter_logits, padded_draws
 from .policies import CONFIDENCES, DEFERRED, SELECTORS
 
 
@@ -24,7 +24,11 @@ class RowKnobs:
 
     def __init__(self, params: Sequence[GenerationParams],
                  generators: Sequence[torch.Generator | None], mask_id: int,
-                 stop_ids: Sequence[int], device: torch.device) -> None:
+                 stop_ids: Sequence[int], device: torch.device,
+                 strict_threshold: bool = False) -> None:
+        """strict_threshold: commit at confidence > threshold (Fast-dLLM v2 and SDAR's
+        rule) instead of >= (Fast-dLLM v1's LLaDA code): at threshold 1.0 a probability that
+        rounds to 1.0 in float32 then commits nothing beyond the step's one position."""
         self.params, self.generators = list(params), list(generators)
         self.mask_id, self.device = mask_id, device
 
@@ -33,6 +37,8 @@ class RowKnobs:
         self.temperature, self.cfg = f("temperature", torch.float64), f("cfg_scale", torch.float32)
         self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
         self.threshold, self.factor = f("threshold", torch.float32), f("factor", torch.float32)
+        if strict_threshold:      # conf >= nextafter(t) is conf > t
+            self.threshold = torch.nextafter(self.threshold, torch.full_like(self.threshold, 2))
         self.suppress = f("suppress_eos", torch.bool)[:, None, None]
         self.defer = f("defer_eos", torch.bool)[:, None]
         self.any_cfg = any(p.cfg_scale > 0 for p in params)
@@ -47,10 +53,11 @@ class RowKnobs:
                 rows = torch.tensor([getattr(p, attr) == name for p in params], device=device)
                 self.groups.setdefault(attr, []).append((table[name], rows[:, None]))
 
-    def choose(self, logits: torch.Tensor, active: torch.Tensor
+    def choose(self, logits: torch.Tensor, active: torch.Tensor, widths: list[int]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x0 (B, W), confidence (B, W) and a (B,) flag for rows whose logits at an active
-        position are not finite, from logits (B, W, V).
+        position are not finite, from logits (B, W, V); row b's unit is its first
+        ``widths[b]`` columns (its noise is drawn for those only).
 
         The mask token itself is never a prediction: a committed [MASK] would stay masked.
         """
@@ -65,16 +72,15 @@ class RowKnobs:
         gens = [g if p.temperature > 0 else None for g, p in zip(self.generators, self.params)]
         uniform = None
         if any(g is not None for g in gens):
-            uniform = gumbel_uniforms(gens, (W, V), self.device).view(B * W, V)
+            uniform = padded_draws(gens, widths, (V,), 0.5, self.device).view(B * W, V)
         stats = block_stats(logits.reshape(B * W, V),
                             self.temperature.repeat_interleave(W), uniform)    # (B*W,) each
         stats = type(stats)(*(t.view(B, W) for t in stats))
         order = None
         if self.any_random:
-            order = torch.stack([
-                uniform_noise((W,), g, self.device) if p.remasking == "random"
-                else torch.zeros(W, dtype=torch.float64, device=self.device)
-                for g, p in zip(self.generators, self.params)]).float()              # (B, W)
+            gens = [g if p.remasking == "random" else None
+                    for g, p in zip(self.generators, self.params)]
+            order = padded_draws(gens, widths, (), 0.0, self.device).float()     # (B, W)
         conf = torch.zeros(stats.x0.shape, dtype=torch.float32, device=self.device)
         for measure, rows in self.groups["remasking"]:
             conf = torch.where(rows, measure(stats, order).float(), conf)

@@ -18,12 +18,17 @@ def uniform_noise(shape: torch.Size, generator: torch.Generator, device: torch.d
     return torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
 
 
-def gumbel_uniforms(generators: list[torch.Generator | None], shape: tuple[int, int],
-                    device: torch.device) -> torch.Tensor:
-    """(B, W, V) float64: row b's draw from its generator, 0.5 where a row is greedy."""
-    return torch.stack([uniform_noise(shape, g, device) if g is not None
-                        else torch.full(shape, 0.5, dtype=torch.float64, device=device)
-                        for g in generators])
+def padded_draws(generators: list[torch.Generator | None], widths: list[int],
+                 shape: tuple[int, ...], fill: float, device: torch.device) -> torch.Tensor:
+    """(B, W, *shape) float64: row b's first ``widths[b]`` entries drawn from its own
+    generator (so a draw never depends on the batch), ``fill`` elsewhere and where a row has
+    no generator."""
+    W = max(widths)
+    out = torch.full((len(widths), W, *shape), fill, dtype=torch.float64, device=device)
+    for b, (g, w) in enumerate(zip(generators, widths)):
+        if g is not None:
+            out[b, :w] = uniform_noise((w, *shape), g, device)
+    return out
 
 
 def filter_logits(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor

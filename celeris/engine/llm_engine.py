@@ -1,0 +1,405 @@
+"""Engine: the public face of Celeris (load, generate, stream, abort, info) and its one step.
+
+``Engine.step()`` is the whole engine: schedule a batch, run it (one forward; CFG rows ride
+along as extra rows), commit, check which requests finished, free them. Requests reach it
+through ``submit``; their events and results go to each request's sink. Who calls ``step``
+is the only difference between the synchronous API and serving: without ``start()`` a caller
+of ``generate``/``stream`` steps the engine itself until its requests are done; after
+``start()`` the background loop (``async_engine.EngineLoop``) steps it and every caller,
+synchronous or asyncio (``AsyncEngine``), waits on its sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from ..config import EngineBusyError, EngineClosedError, EngineConfig, EngineOutOfMemoryError
+from ..model import load_model
+from ..outputs import GenerationResult, StepEvent, StepTiming
+from ..params import GenerationParams
+from ..tokenizer import Messages, Tokenizer
+from .families import (DEFAULT_MODEL, ContextLengthError, family_defaults, infill_refusal,
+                       memory_info, read_generation_defaults, split_infill)
+from .layouts import layout_for
+from .request import Request, Status
+from .runner import Runner
+from .scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+Prompt = str | Messages | list[int]   # text, chat messages, or token ids
+
+
+class Engine:
+    def __init__(self, model: Any, tokenizer: Tokenizer, model_dir: Path,
+                 config: EngineConfig | None = None,
+                 generation_defaults: dict[str, Any] | None = None) -> None:
+        self.model, self.tokenizer, self.model_dir = model, tokenizer, Path(model_dir)
+        self.config = config or EngineConfig()
+        self.device = next(model.parameters()).device
+        # small models on CPU pay per op, not per flop: decode with packed weights
+        # (model/packed.py; the module path stays the reference and the training path)
+        self.packed = bool(self.device.type == "cpu" and hasattr(model, "pack_for_inference")
+                           and model.pack_for_inference())
+        self.special = tokenizer.special
+        self.layout = layout_for(model.config, self.special.mask)
+        self.block_causal = self.layout.block_causal
+        self._defaults = family_defaults(self.layout, generation_defaults or {})
+        self.scheduler = Scheduler(self.config)
+        self.runner = Runner(model, self.layout, self.special, self.device,
+                             max(4, self.config.max_running))
+        self._model_lock = threading.Lock()      # one step at a time
+        self._lock = threading.Lock()            # guards starting/stopping the loop
+        self._loop: Any = None                   # async_engine.EngineLoop once started
+        self.step_timing = StepTiming()          # every step (bench: host time per step)
+        self.step_failures = self.step_failures_total = 0
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, path_or_id: str | Path | None = None, device: str = "auto",
+                        dtype: str = "auto", **engine_options: Any) -> "Engine":
+        """Load a local Hugging Face-format directory or a hub id (None = the shipped
+        block-diffusion model, models/celeris-tiny-bd; the full-attention one, which can also
+        infill, is models/celeris-tiny)."""
+        config = EngineConfig(device=device, dtype=dtype, **engine_options)
+        model, model_dir = load_model(path_or_id or _shipped_model(), device=config.device,
+                                      dtype=config.dtype)
+        tokenizer = Tokenizer.load(model_dir, model.config)
+        return cls(model, tokenizer, model_dir, config, read_generation_defaults(model_dir))
+
+    def default_params(self) -> GenerationParams:
+        return self._defaults
+
+    @property
+    def block_size(self) -> int | None:
+        """A block-causal model's block size (from its config); None for full attention."""
+        return self.layout.block_size if self.block_causal else None
+
+    @property
+    def _kv(self) -> Any:
+        return self.runner.kv
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[Request]:
+        """One step for every running request; returns the requests touched (to deliver)."""
+        start = time.perf_counter()
+        batch, joined, ended = self.scheduler.schedule(start, self.layout.stops_at_eos)
+        for req in joined:
+            self.runner.admit(req)
+        if batch:
+            self._run(batch)
+            for req in batch:
+                req.check_finish(time.perf_counter(), self.layout.stops_at_eos(req))
+                req.pending = req.event(self.special.mask, req.params.block_length) \
+                    if req.events or req.finished else None
+                if not req.finished:
+                    self.layout.advance(req)
+            self.step_timing.add(time.perf_counter() - start, self.runner.forward_s)
+        done = [r for r in (*batch, *ended) if r.finished]
+        for req in done:
+            self.runner.release(req)
+        self.scheduler.retire(done)
+        return [*batch, *ended]
+
+    def _run(self, batch: list[Request]) -> None:
+        """The forward of a step; a failure ends the batch's requests, not the engine."""
+        try:
+            self.runner.run(batch)
+        except Exception as exc:     # e.g. out of memory: the batch fails, the loop goes on
+            log.exception("denoising step failed")
+            failure = capacity_error(exc, self.scheduler.retry_after())
+            for req in batch:
+                req.failure = failure
+        failed = any(r.failure is not None for r in batch)
+        self.step_failures = self.step_failures + 1 if failed else 0
+        self.step_failures_total += int(failed)
+
+    def run_step(self) -> None:
+        """Step under the model lock and deliver what the step produced."""
+        with self._model_lock, torch.inference_mode():
+            touched = self.step()
+        self.deliver(touched)
+
+    def deliver(self, reqs: Sequence[Request]) -> None:
+        for req in reqs:
+            event, req.pending = req.pending, None
+            if event is not None and req.events:
+                _send(req, event)
+            if req.finished:
+                _send(req, req.outcome(self._encode_plain))
+
+    def _encode_plain(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    # ------------------------------------------------------------------ requests
+    def prepare(self, prompt: Prompt, params: GenerationParams | None = None,
+                request_id: str | None = None, canvas: Sequence[int] | None = None
+                ) -> Request:
+        """Validate and tokenise one request (raises ValueError with a clear message)."""
+        params = params or self._defaults
+        if _is_ids(prompt):
+            ids = list(prompt)
+            vocab = self.model.config.vocab_size
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad}")
+        else:
+            ids = self.tokenizer.encode_prompt(prompt)
+        limit = self.model.config.max_position_embeddings
+        if len(ids) + params.gen_length > limit:
+            raise ContextLengthError(len(ids), params.gen_length, limit)
+        if len(ids) > self.config.max_prompt_tokens:
+            raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
+        if self.block_causal:
+            if canvas is not None:
+                raise ValueError(infill_refusal(self.model_dir.name))
+            self.layout.check(params)
+        elif canvas is not None and len(canvas) != params.canvas_length:
+            raise ValueError(f"canvas has {len(canvas)} positions but gen_length "
+                             f"{params.gen_length} needs {params.canvas_length}")
+        seed = params.seed if params.seed is not None else secrets.randbits(62)
+        return Request(request_id or new_request_id(), tuple(ids), params, seed,
+                       None if canvas is None else tuple(canvas), decode=self.tokenizer.decode)
+
+    def submit(self, prompt: Prompt, params: GenerationParams | None, request_id: str | None,
+               canvas: Sequence[int] | None, sink: Any, events: bool = True) -> str:
+        """Reserve capacity (refusing at once when full), then tokenise, then queue."""
+        request_id = request_id or new_request_id()
+        self.scheduler.reserve(request_id)
+        try:
+            req = self.prepare(prompt, params, request_id, canvas)
+        except BaseException:
+            self.scheduler.release(request_id)
+            raise
+        req.sink, req.events = sink, events
+        req.deadline = req.arrival + self.config.request_timeout_s
+        self.scheduler.submit(req)
+        return request_id
+
+    def stream(self, prompt: Prompt, params: GenerationParams | None = None,
+               request_id: str | None = None, canvas: Sequence[int] | None = None
+               ) -> Iterator[StepEvent | GenerationResult]:
+        """Yield a StepEvent per denoising step as it happens, then the GenerationResult."""
+        yield from self._generate([(prompt, params, request_id, canvas)], stream=True)
+
+    def stream_infill(self, text: str, params: GenerationParams | None = None,
+                      span: int = 2, marker: str = "[MASK]", request_id: str | None = None
+                      ) -> Iterator[StepEvent | GenerationResult]:
+        """Fill the ``marker`` spans of ``text`` (each becomes ``span`` masked positions);
+        every other token stays pinned. The text before the first span is the prompt."""
+        prompt, canvas, params = self.infill_request(text, params, span, marker)
+        yield from self._generate([(prompt, params, request_id, canvas)], stream=True)
+
+    def infill_text(self, text: str, params: GenerationParams | None = None, span: int = 2,
+                    marker: str = "[MASK]") -> str:
+        """``text`` with its ``marker`` spans filled: stream_infill run to the end, the pinned
+        text before the first span glued back in front."""
+        prompt, canvas, params = self.infill_request(text, params, span, marker)
+        (result,) = self._generate([(prompt, params, None, canvas)], stream=False)
+        return split_infill(text, marker)[0] + result.text
+
+    def infill_request(self, text: str, params: GenerationParams | None, span: int,
+                       marker: str) -> tuple[list[int], list[int], GenerationParams]:
+        if self.block_causal:
+            raise ValueError(infill_refusal(self.model_dir.name))
+        if not isinstance(span, int) or not 1 <= span <= 64:
+            raise ValueError(f"span must be an integer in [1, 64], got {span!r}")
+        parts = split_infill(text, marker)
+        if len(parts) < 2:
+            raise ValueError(f"infill text must contain at least one {marker} span")
+        mask, eos = self.special.mask, self.special.stop[0]
+        ids = self.tokenizer.encode(parts[0]) if parts[0] else []
+        canvas: list[int] = []
+        for part in parts[1:]:
+            # pinned text inside the canvas: no BOS in the middle of the sequence
+            canvas += [mask] * span + (self.tokenizer.encode(part, add_special_tokens=False)
+                                       if part else [])
+        if not ids:   # a leading span: the first pinned token becomes the prompt
+            ids = [self.special.pad]
+        params = params or self._defaults
+        bl = min(params.block_length, 32)
+        gen = -(-len(canvas) // bl) * bl
+        canvas += [eos] * (gen - len(canvas))       # pinned end of text
+        params = params.replace(gen_length=gen, block_length=bl, steps=None)
+        return ids, canvas, params
+
+    def generate(self, prompt: Prompt, params: GenerationParams | None = None,
+                 request_id: str | None = None) -> GenerationResult:
+        return self.generate_batch([prompt], params, [request_id] if request_id else None)[0]
+
+    def generate_batch(self, prompts: Sequence[Prompt],
+                       params: GenerationParams | Sequence[GenerationParams] | None = None,
+                       request_ids: Sequence[str] | None = None) -> list[GenerationResult]:
+        """Denoise several prompts in one batch; results in input order."""
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        ids = [i or new_request_id() for i in (request_ids or [None] * len(prompts))]
+        if len(set(ids)) != len(ids):
+            raise ValueError("request_ids must be unique")
+        specs = [(p, q, i, None) for p, q, i in zip(prompts, plist, ids)]
+        results = {r.request_id: r for r in self._generate(specs, stream=False)}
+        return [results[i] for i in ids]
+
+    def _generate(self, specs: list[tuple], stream: bool
+                  ) -> Iterator[StepEvent | GenerationResult]:
+        """Submit ``specs`` and yield their items. A batch larger than the free capacity
+        waits for its own requests to finish; one with nothing in flight is refused
+        (EngineBusyError) like any other caller."""
+        box: queue.SimpleQueue = queue.SimpleQueue()
+        todo, pending = deque(specs), set()
+        try:
+            while todo or pending:
+                while todo:
+                    prompt, params, rid, canvas = todo[0]
+                    rid = rid or new_request_id()
+                    try:
+                        self.submit(prompt, params, rid, canvas,
+                                    lambda item, rid=rid: box.put((rid, item)), stream)
+                    except EngineBusyError:
+                        if not pending:
+                            raise
+                        break
+                    pending.add(rid)
+                    todo.popleft()
+                rid, item = self._next_item(box)
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, GenerationResult):
+                    pending.discard(rid)
+                yield item
+        finally:
+            for rid in pending:
+                self.abort(rid)
+            while pending and not self.started and self.scheduler.busy:
+                self.run_step()          # inline: nobody else would reap them
+                pending = {r for r in pending if r in self.scheduler.reserved}
+
+    def _next_item(self, box: queue.SimpleQueue) -> tuple[str, Any]:
+        while True:
+            try:
+                return box.get(block=self.started, timeout=1.0 if self.started else None)
+            except queue.Empty:
+                if not self.started:
+                    self.run_step()      # no background loop: the caller steps the engine
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; it finishes with finish_reason "abort" at the next step."""
+        self.scheduler.abort(request_id)
+
+    # ------------------------------------------------------------------ background loop
+    def start(self) -> "Engine":
+        """Start the background loop: from now on a thread steps the engine."""
+        from .async_engine import EngineLoop
+        with self._lock:
+            self.scheduler.closed = False            # a drained engine takes requests again
+            if self._loop is None or not self._loop.alive:
+                self._loop = EngineLoop(self)
+                self._loop.start()
+        return self
+
+    def drain(self, timeout: float | None = 30.0) -> bool:
+        """Refuse new requests (EngineClosedError) and let running ones finish; True if
+        they all did within ``timeout`` seconds (the rest are aborted)."""
+        if self._loop is None:
+            return True
+        drained = self.scheduler.wait_idle(timeout)
+        if not drained:
+            for rid in list(self.scheduler.reserved):
+                self.scheduler.abort(rid)
+        return drained
+
+    def stop(self) -> None:
+        """Stop the background loop (its requests are aborted); calls run inline again."""
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        loop.stop()
+        now = time.perf_counter()
+        reqs = self.scheduler.take_all()
+        for req in reqs:
+            req.abort_requested = True
+            req.check_finish(now, True)
+            if req.status is not Status.WAITING:
+                self.runner.release(req)
+        self.deliver(reqs)
+        self.scheduler.closed = False
+
+    @property
+    def started(self) -> bool:
+        return self._loop is not None and self._loop.alive
+
+    def stats(self) -> dict[str, Any]:
+        """Queue depth and running batch size, and the failed-step counters."""
+        return {**self.scheduler.stats(), "step_failures": self.step_failures,
+                "step_failures_total": self.step_failures_total}
+
+    # ------------------------------------------------------------------ info
+    def info(self) -> dict[str, Any]:
+        cfg = self.model.config
+        n_params = sum(p.numel() for p in self.model.parameters())
+        out = {"model": self.model_dir.name, "path": str(self.model_dir),
+               "architecture": cfg.model_type, "parameters": n_params,
+               "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+               "device": str(self.device), "context_length": cfg.max_position_embeddings,
+               "attention": "block_causal" if self.block_causal else "bidirectional",
+               "block_size": self.block_size, "defaults": self._defaults.to_dict()}
+        out.update(memory_info(self.device))
+        out.update({f"scheduler_{k}": v for k, v in self.stats().items()})
+        return out
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each id decoded on its own, special tokens as "" (for drawing a canvas per token)."""
+        return [self.tokenizer.decode([int(t)]) for t in ids]
+
+
+def capacity_error(exc: BaseException, retry_after: float) -> BaseException:
+    """Out of memory is a capacity problem, not a bug: EngineOutOfMemoryError (the server
+    answers 503 with Retry-After); any other exception is returned as it is."""
+    if not isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return exc
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    error = EngineOutOfMemoryError("the engine ran out of memory for the running batch; "
+                                   "retry later or with a shorter request",
+                                   retry_after=retry_after)
+    error.__cause__ = exc
+    return error
+
+
+def _send(req: Request, item: Any) -> None:
+    if req.sink is None:
+        return
+    try:
+        req.sink(item)
+    except Exception:   # a consumer that went away must not stop the engine
+        log.debug("dropping an item for request %s", req.request_id, exc_info=True)
+
+
+def _shipped_model() -> Path:
+    if not (DEFAULT_MODEL / "config.json").is_file():
+        from ..config import ModelLoadError
+        raise ModelLoadError(
+            f"the shipped model is missing at {DEFAULT_MODEL}; give another model directory "
+            "(e.g. models/celeris-tiny) or rebuild it from its recipe "
+            "(models/celeris-tiny-bd/recipe.toml)")
+    return DEFAULT_MODEL
+
+
+def _is_ids(prompt: Any) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(t, int) for t in prompt)
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+__all__ = ["Engine", "EngineClosedError", "capacity_error", "new_request_id"]

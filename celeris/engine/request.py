@@ -1,0 +1,209 @@
+"""The one record of an in-flight request, and the one place that decides it is finished.
+
+A ``Request`` carries everything about one generation from admission to result: the prompt and
+its knobs, its noise generator, its status (waiting, running, finished), the sequence under
+construction (prompt + answer, ``mask`` where not yet committed), the unit of positions the
+next step may commit, its KV slot, where its output goes (``sink``), its timings and, once it
+is over, its finish reason. The family layout (``layouts.py``) moves its pointers; the runner
+commits tokens into it; ``check_finish`` alone ends it. Public outputs are made here too:
+``event()`` a ``StepEvent`` per step, ``result()`` the ``GenerationResult``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
+from ..params import GenerationParams
+
+Item = StepEvent | GenerationResult | BaseException
+Sink = Callable[[Item], None]
+
+
+class Status(Enum):
+    WAITING = "waiting"      # admitted, not yet in the running batch
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The model produced NaN/inf logits for these requests (a broken checkpoint, or an
+    overflow in a low-precision dtype); they fail instead of returning garbage."""
+
+    def __init__(self, request_ids: Sequence[str]) -> None:
+        self.request_ids = tuple(request_ids)
+        super().__init__(f"the model produced non-finite (NaN/inf) logits for request(s) "
+                         f"{', '.join(self.request_ids)}; the checkpoint or the dtype is broken "
+                         "(try --dtype float32)")
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """Cut ``text`` at the first occurrence of any stop string."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def settled_text(text: str, stops: Sequence[str]) -> str:
+    """The part of a growing text that can no longer change: without a trailing partial
+    UTF-8 character (decoded as U+FFFD) and without a tail that could still become a stop
+    string. A streamed text built from it is always a prefix of the final text."""
+    text = text.rstrip("\ufffd")
+    hold = max((n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+    return text[:len(text) - hold]
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    params: GenerationParams
+    seed: int
+    canvas: tuple[int, ...] | None = None   # infill: an initial answer canvas (full attention)
+    sink: Sink | None = None                # where the driver delivers events and the result
+    decode: Callable[[Sequence[int]], str] = field(default=lambda ids: "", repr=False)
+    events: bool = True                     # deliver a StepEvent per step, not only the result
+    arrival: float = field(default_factory=time.perf_counter)
+    deadline: float = math.inf
+    status: Status = Status.WAITING
+    # --- decoding state (``start`` and the family layout set it) ---
+    seq: list[int] = field(default_factory=list)   # prompt + answer, mask where uncommitted
+    end: int = 0                 # positions [P, end) are the answer the request may commit
+    todo: int = 0                # answer positions still masked
+    lo: int = 0                  # the unit the next step commits in: positions [lo, hi)
+    hi: int = 0
+    block_start: int = 0         # block-causal: the current model block's first position
+    unit: int = -1               # index of the current block (full) / sub-block (block-causal)
+    blocks_done: int = 0
+    schedule: list[int] = field(default_factory=list)   # commits per step left in the unit
+    fresh: bool = True           # full attention: the next step is its block's first (refresh)
+    cached: int = 0              # block-causal: leading positions final in the KV slot
+    slot: int = -1               # KV slot; ``uncond_slot``: the CFG twin's
+    uncond_slot: int = -1
+    generator: torch.Generator | None = None
+    step: int = 0
+    nfe: int = 0
+    committed: tuple[int, ...] = ()          # this step's commits (answer positions)
+    confidences: tuple[float, ...] = ()
+    prefix: int = 0              # end of the contiguous committed prefix (absolute)
+    stop_at: int = -1            # absolute position of the first stop token in that prefix
+    # --- delivery and the end ---
+    text: str = ""
+    _text_len: int = -1
+    queue_s: float = 0.0
+    first_block_s: float | None = None
+    _full_text: str = ""
+    pending: StepEvent | None = None         # this step's event, until delivered
+    abort_requested: bool = False
+    failure: BaseException | None = None     # set by a failed step; ends the request
+    finish: FinishReason | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def start(self, device: torch.device) -> None:
+        """Set up the generator (one per request: its noise never depends on the batch)."""
+        p = self.params
+        if p.temperature > 0 or p.remasking == "random":
+            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+        self.prefix = self.prompt_len
+
+    # ------------------------------------------------------------ after a step
+    def commit(self, ids: Sequence[float], take: Sequence[float], conf: Sequence[float],
+               mask: int, stop: Sequence[int]) -> None:
+        """Write this step's committed tokens (``take`` over the unit [lo, lo + len(take)))."""
+        lo, P = self.lo, self.prompt_len
+        picked = [j for j, t in enumerate(take) if t]
+        for j in picked:
+            self.seq[lo + j] = int(ids[j])
+        self.committed = tuple(lo + j - P for j in picked)
+        self.confidences = tuple(float(conf[j]) for j in picked)
+        self.todo -= len(picked)
+        self.step += 1
+        if self.schedule:
+            self.schedule.pop(0)
+        seq, n = self.seq, min(len(self.seq), self.end)
+        while self.stop_at < 0 and self.prefix < n and seq[self.prefix] != mask:
+            if seq[self.prefix] in stop:
+                self.stop_at = self.prefix
+            else:
+                self.prefix += 1
+
+    def check_finish(self, now: float, stops_at_eos: bool) -> FinishReason | None:
+        """The one place that ends a request, in this order: abort, non-finite logits (an
+        error), deadline, a stop string in the text, a stop token with everything before it
+        committed (block-causal models always; full attention with ``early_stop``), every
+        answer position committed. A stop token past ``gen_length`` ends it as "length"."""
+        if self.finish is not None:
+            return self.finish
+        p, P = self.params, self.prompt_len
+        finish = None
+        if self.abort_requested or now >= self.deadline:
+            finish = FinishReason.ABORT
+        elif self.status is Status.WAITING:
+            return None
+        elif self.failure is not None:
+            finish = FinishReason.ERROR
+        elif p.stop and cut_at_stop(self._decoded(), p.stop)[1]:
+            finish = FinishReason.STOP
+        elif self.stop_at >= 0 and (stops_at_eos or self.todo == 0):
+            finish = (FinishReason.STOP if self.stop_at - P <= p.gen_length
+                      else FinishReason.LENGTH)
+        elif self.todo == 0:
+            finish = FinishReason.LENGTH
+        if finish is not None:
+            self.finish, self.status = finish, Status.FINISHED
+        return finish
+
+    # ------------------------------------------------------------ outputs
+    def answer_ids(self) -> list[int]:
+        """The committed answer before the first stop token or mask, at most gen_length."""
+        P = self.prompt_len
+        return self.seq[P:min(self.prefix, P + self.params.gen_length)] if self.seq else []
+
+    def _decoded(self) -> str:
+        """The decoded answer prefix (re-decoded only when it grew)."""
+        ids = self.answer_ids()
+        if len(ids) != self._text_len:
+            self._text_len, self._full_text = len(ids), self.decode(ids)
+        return self._full_text
+
+    def canvas_view(self) -> tuple[int, ...]:
+        return tuple(self.seq[self.prompt_len:self.end])
+
+    def event(self, mask_id: int, block_length: int) -> StepEvent:
+        now = time.perf_counter() - self.arrival
+        if self.first_block_s is None and (self.blocks_done > 0 or self.finished):
+            self.first_block_s = now
+        text, _ = cut_at_stop(self._decoded(), self.params.stop)
+        self.text = text if self.finished else settled_text(text, self.params.stop)
+        return StepEvent(self.request_id, self.step, self.blocks_done, self.canvas_view(),
+                         self.committed, self.confidences, self.nfe, now, self.text, mask_id,
+                         block_length, self.finished)
+
+    def result(self, encode: Callable[[str], list[int]]) -> GenerationResult:
+        ids = self.answer_ids()
+        text, cut = cut_at_stop(self._decoded(), self.params.stop) if self.seq else ("", False)
+        token_ids = tuple(encode(text)) if cut else tuple(ids)
+        return GenerationResult(
+            request_id=self.request_id, text=text, token_ids=token_ids,
+            canvas=self.canvas_view(), finish_reason=self.finish or FinishReason.ABORT,
+            nfe=self.nfe, steps=self.step,
+            timings=Timings(total_s=time.perf_counter() - self.arrival,
+                            first_block_s=self.first_block_s, queue_s=self.queue_s),
+            usage=Usage(prompt_tokens=self.prompt_len, completion_tokens=len(token_ids)),
+            seed=self.seed, params=self.params.to_dict())
+
+    def outcome(self, encode: Callable[[str], list[int]]) -> Item:
+        """What the client gets at the end: the result, or the error that ended it."""
+        return self.failure if self.failure is not None else self.result(encode)

@@ -1,0 +1,155 @@
+"""The model runner: one forward for the whole running batch, the tokens chosen, one host sync.
+
+Every running request contributes one row (two with classifier-free guidance: its twin with
+the prompt masked, LLaDA app. B.6): the window its family layout asks for, left-padded to the
+widest. Each row reads and writes its own KV slot (``SlotView``), so rows at different blocks,
+prompt lengths, cache policies and knobs share the forward; padding columns are skipped by the
+projections and MLPs (``query_mask``). The logits of each row's unit only are computed, and
+every knob is a per-row tensor (``RowKnobs``). The inputs are built with tensor operations
+from the windows; the step's one host sync returns the committed tokens and confidences.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import chain
+from typing import Any, Sequence
+
+import torch
+
+from ..cache import SlotKVCache
+from ..sampler.choose import RowKnobs
+from .request import NonFiniteLogitsError, Request
+
+MAX_CACHE_LEN = 8192      # cache positions per slot, at most (the model's context below)
+INITIAL_CACHE_LEN = 1024  # positions a slot starts with; doubled when a request needs more
+
+
+def new_slot_cache(model: Any, slots: int = 4) -> SlotKVCache:
+    """A KV cache for ``model``: up to its context + one block per slot, starting at
+    ``INITIAL_CACHE_LEN`` positions (see ``SlotKVCache``)."""
+    cfg = model.config
+    param = next(model.parameters())
+    length = min(cfg.max_position_embeddings, MAX_CACHE_LEN) + int(cfg.block_size or 0)
+    return SlotKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, length,
+                       param.dtype, param.device, slots, length=min(length, INITIAL_CACHE_LEN))
+
+
+class Runner:
+    def __init__(self, model: Any, layout: Any, special: Any, device: torch.device,
+                 slots: int = 4) -> None:
+        self.model, self.layout, self.special, self.device = model, layout, special, device
+        self.kv = new_slot_cache(model, slots)
+        self.forward_s = 0.0                 # the last step's time inside the model forward
+        self._knobs: tuple[tuple[Request, ...], RowKnobs] | None = None
+
+    # ------------------------------------------------------------ membership
+    def admit(self, req: Request) -> None:
+        self.layout.start(req)
+        req.start(self.device)
+        req.slot = self.kv.take()
+        if req.params.cfg_scale > 0:
+            req.uncond_slot = self.kv.take()
+
+    def release(self, req: Request) -> None:
+        for slot in (req.slot, req.uncond_slot):
+            if slot >= 0:
+                self.kv.give_back(slot)
+        req.slot = req.uncond_slot = -1
+
+    def knobs(self, reqs: Sequence[Request]) -> RowKnobs:
+        """The batch's per-row knobs, rebuilt only when its membership changes."""
+        key = tuple(reqs)          # the requests themselves: an id() can be reused
+        if self._knobs is None or len(key) != len(self._knobs[0]) or \
+                any(a is not b for a, b in zip(key, self._knobs[0])):
+            sp = self.special
+            self._knobs = key, RowKnobs([r.params for r in reqs], [r.generator for r in reqs],
+                                        sp.mask, sp.stop, self.device,
+                                        self.layout.strict_threshold)
+        return self._knobs[1]
+
+    # ------------------------------------------------------------ the step
+    def run(self, reqs: list[Request]) -> None:
+        """Forward, choose, commit: every request in ``reqs`` advances one step."""
+        mask, dev = self.special.mask, self.device
+        rows = [(r, *self.layout.window(r), r.slot) for r in reqs]
+        twins = [r for r in reqs if r.uncond_slot >= 0]
+        rows += [(r, [mask] * r.prompt_len + r.seq[r.prompt_len:], 0, False, r.uncond_slot)
+                 for r in twins]                     # CFG: cache "none", the whole sequence
+        ids, pos, view, cols, widths = self._inputs(rows)
+        start = time.perf_counter()
+        logits = self.model(ids, position_ids=pos, kv=view, logits_index=cols).logits
+        self.forward_s = time.perf_counter() - start                             # (R, U, V)
+        logits = self._guide(logits, reqs, twins)                                # (B, U, V)
+        U = logits.shape[1]
+        unit = ids.gather(1, cols[:len(reqs)])                                   # (B, U)
+        width = torch.tensor(widths[:len(reqs)], device=dev)
+        active = (unit == mask) & (torch.arange(U, device=dev) < width[:, None])
+        knobs = self.knobs(reqs)
+        x0, conf, bad = knobs.choose(logits, active, widths[:len(reqs)])
+        k = torch.tensor([r.schedule[0] if r.schedule else 0 for r in reqs], device=dev)
+        take = self._greedy_first(reqs, knobs.select(conf, active, k), active)
+        new = torch.where(take, x0, unit)
+        conf = torch.where(active, conf, 0.0)
+        host = torch.cat([new.double(), take.double(), conf.double(), bad.double()[:, None]],
+                         dim=1).tolist()                                         # one sync
+        for r, row, w in zip(reqs, host, widths):
+            self.layout.after_forward(r)
+            if row[-1] > 0:
+                r.failure = NonFiniteLogitsError([r.request_id])
+                continue
+            r.nfe += 2 if r.uncond_slot >= 0 else 1
+            r.commit(row[:w], row[U:U + w], row[2 * U:2 * U + w], mask, self.special.stop)
+
+    def _inputs(self, rows: list[tuple]):
+        """Left-padded ids and positions (R, W), the KV view, the unit columns (R, U) and
+        each row's unit width."""
+        dev, lens = self.device, [len(row[1]) for row in rows]
+        W, R = max(lens), len(rows)
+        n = torch.tensor(lens, device=dev)
+        col = torch.arange(W, device=dev)
+        lead = W - n                                                             # (R,)
+        real = col[None, :] >= lead[:, None]                                     # (R, W)
+        ids = torch.full((R, W), self.special.pad, dtype=torch.long, device=dev)
+        ids[real] = torch.tensor(list(chain.from_iterable(row[1] for row in rows)),
+                                 dtype=torch.long, device=dev)
+        first = torch.tensor([row[2] for row in rows], device=dev)
+        pos = (first[:, None] + col[None, :] - lead[:, None]).clamp_min(0)      # (R, W)
+        runs = [(b, W - m + q, slot, f + q, m - q)
+                for b, ((_, _, f, q, slot), m) in enumerate(zip(rows, lens))]
+        ends = [self.layout.key_end(r, f, m) for (r, _, f, _, _), m in zip(rows, lens)]
+        view = self.kv.bind_runs([row[4] for row in rows], ends, runs,
+                                 None if min(lens) == W else real)
+        widths = [r.hi - r.lo for r, *_ in rows]
+        start = torch.tensor([W - m + r.lo - f for (r, _, f, _, _), m in zip(rows, lens)],
+                             device=dev)
+        U = max(widths)
+        cols = (start[:, None] + torch.arange(U, device=dev)).clamp_max(W - 1)  # (R, U)
+        return ids, pos, view, cols, widths
+
+    def _guide(self, logits: torch.Tensor, reqs: list[Request], twins: list[Request]
+               ) -> torch.Tensor:
+        """Unsupervised classifier-free guidance: u + (s + 1)(c - u) for the rows that ask."""
+        if not twins:
+            return logits
+        B = len(reqs)
+        at = torch.tensor([reqs.index(r) for r in twins], device=self.device)
+        s = torch.tensor([r.params.cfg_scale for r in twins], device=self.device)
+        s = s[:, None, None].to(logits.dtype)
+        cond, un = logits[at], logits[B:]
+        out = logits[:B].clone()
+        out[at] = un + (s + 1) * (cond - un)
+        return out
+
+    def _greedy_first(self, reqs: list[Request], take: torch.Tensor, active: torch.Tensor
+                      ) -> torch.Tensor:
+        """Fast-dLLM v2's first token (``first_token="greedy"``): a fresh block's first
+        position is committed alone, by argmax, before the rest of the block."""
+        mask = self.special.mask
+        greedy = [self.layout.block_causal and r.params.first_token == "greedy"
+                  and r.lo == r.block_start and r.seq[r.lo] == mask for r in reqs]
+        if not any(greedy):
+            return take
+        only_first = torch.zeros_like(take)
+        only_first[:, 0] = active[:, 0]
+        return torch.where(torch.tensor(greedy, device=self.device)[:, None], only_first, take)

@@ -1,0 +1,77 @@
+"""Raw token-id requests through the engine's one step, on a bare model (no tokenizer files).
+
+The sampler tests compare Celeris with reference samplers on tiny random models; they speak
+token ids, so the engine gets a stand-in tokenizer that only knows the special ids. Every
+request goes through ``Engine.submit`` and ``Engine.run_step`` exactly as served ones do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from celeris import Engine, EngineConfig, GenerationResult
+
+
+class Special(NamedTuple):
+    """The special ids the engine reads (``SpecialIds`` without requiring an EOS)."""
+    mask: int
+    pad: int
+    stop: tuple[int, ...]
+
+
+class IdsTokenizer:
+    def __init__(self, mask: int, pad: int, stop: Sequence[int]) -> None:
+        self.special = Special(mask, pad, tuple(stop))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(map(str, ids))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [int(t) for t in text.split()]
+
+
+class Out(NamedTuple):
+    """One step of one request: the StepEvent's fields, and the finish reason on its last."""
+    request_id: str
+    step: int
+    block: int
+    canvas: tuple[int, ...]
+    committed: tuple[int, ...]
+    nfe: int
+    finish: str | None
+
+
+def bare_engine(model, mask: int, pad: int, stop: Sequence[int], **config) -> Engine:
+    config.setdefault("max_running", 64)
+    return Engine(model, IdsTokenizer(mask, pad, stop), Path("bare"),
+                  EngineConfig(device="cpu", **config))
+
+
+def submit(engine: Engine, outs: dict, rid: str, prompt: Sequence[int], params,
+           seed: int) -> None:
+    outs[rid] = []
+
+    def sink(item) -> None:
+        if isinstance(item, GenerationResult):
+            outs[rid][-1] = outs[rid][-1]._replace(finish=str(item.finish_reason))
+        elif isinstance(item, BaseException):
+            raise item
+        else:
+            outs[rid].append(Out(item.request_id, item.step, item.block, item.canvas,
+                                 item.committed, item.nfe, None))
+    engine.submit(list(prompt), params.replace(seed=seed), rid, None, sink)
+
+
+def finish(engine: Engine) -> None:
+    while engine.scheduler.has_work:
+        engine.run_step()
+
+
+def run_requests(engine: Engine, requests: Sequence[tuple]) -> dict[str, list[Out]]:
+    """requests: (request_id, prompt ids, params, seed); every step of each, by id."""
+    outs: dict[str, list[Out]] = {}
+    for rid, prompt, params, seed in requests:
+        submit(engine, outs, rid, prompt, params, seed)
+    finish(engine)
+    return outs
