@@ -19,11 +19,13 @@ _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--gen-length", "gen_length", int, "answer canvas length in tokens"),
     ("--steps", "steps", int, "denoising steps over the whole canvas"),
     ("--block-length", "block_length", int, "semi-autoregressive block size"),
-    ("--temperature", "temperature", float, "0 = greedy; > 0 samples with Gumbel noise"),
+    ("--temperature", "temperature", float,
+     "0 = greedy; > 0 (at most 2) samples with Gumbel noise"),
     ("--top-p", "top_p", float, "nucleus filtering (1.0 = off)"),
     ("--top-k", "top_k", int, "top-k filtering (0 = off)"),
     ("--remasking", "remasking", str,
-     "confidence that orders commits: low_confidence, margin, entropy, random"),
+     "confidence that orders commits: low_confidence, margin, entropy, random (Dream's "
+     "names maskgit_plus, topk_margin, origin are accepted too)"),
     ("--decoding", "decoding", str, "unmask schedule: fixed, threshold, factor, ltr (left to "
      "right threshold)"),
     ("--threshold", "threshold", float, "confidence threshold for --decoding threshold|ltr"),
@@ -190,16 +192,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """A readable table of report["tasks"] (name -> accuracy) plus the masked loss."""
-    tasks = report.get("tasks") or {}
-    width = max([len("task")] + [len(str(name)) for name in tasks])
-    lines = [f"{'task':<{width}}  accuracy"]
-    for name, value in tasks.items():
-        accuracy = value.get("accuracy") if isinstance(value, dict) else value
-        lines.append(f"{name:<{width}}  {_format_value(accuracy)}")
+    """A table of the tasks (task, n, accuracy, seconds), their mean, then the masked loss."""
+    rows = [_task_row(report, name, value) for name, value in (report.get("tasks") or {}).items()]
+    rows.append(_mean_row(report, rows))
+    table = [("task", "n", "accuracy", "time")] + rows
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths))) for row in table]
+    lines.insert(len(lines) - 1, "-" * len(lines[0]))
     if report.get("masked_loss") is not None:
         lines.append(f"masked_loss: {_format_value(report['masked_loss'])}")
     return "\n".join(lines)
+
+
+def _task_row(report: dict[str, Any], name: str, value: Any) -> tuple[str, str, str, str]:
+    accuracy = value.get("accuracy") if isinstance(value, dict) else value
+    n = (report.get("n") or {}).get(name, report.get("n_per_task"))
+    seconds = (report.get("task_seconds") or {}).get(name)
+    return (str(name), "-" if n is None else str(n), _accuracy(accuracy), _seconds(seconds))
+
+
+def _mean_row(report: dict[str, Any], rows: list[tuple[str, str, str, str]]
+              ) -> tuple[str, str, str, str]:
+    mean = report.get("mean_accuracy")
+    if mean is None:
+        values = [float(r[2]) for r in rows if r[2] != "-"]
+        mean = sum(values) / len(values) if values else None
+    counts = [int(r[1]) for r in rows if r[1].isdigit()]
+    seconds = report.get("generation_s", report.get("elapsed_s"))
+    return ("mean", str(sum(counts)) if counts else "-", _accuracy(mean), _seconds(seconds))
+
+
+def _accuracy(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.3f}"
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.2f} s"
 
 
 # ----------------------------------------------------------------------- serve / bench / batch
@@ -372,7 +401,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible API server")
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port, 1-65535 (8000)")
     p.add_argument("--api-key", default=None,
                    help="require this bearer key on /v1 (default: env CELERIS_API_KEY, which "
                         "unlike the flag is not visible in ps)")
@@ -404,8 +433,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run a benchmark suite")
     p.add_argument("--suite", default=None,
-                   help="decode, ar, lengths, serve, invariance, gpu, all (default) or a "
-                        "comma list")
+                   help="decode, ar, stories, lengths, serve, invariance, gpu, all (default) "
+                        "or a comma list")
     p.add_argument("--json", default=None, metavar="PATH", help="write the JSON report here")
     p.add_argument("--html", default=None, metavar="PATH", help="write the HTML report here")
     p.add_argument("--model", default=None, help=MODEL_HELP)
@@ -413,7 +442,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="autoregressive twin (default: models/celeris-tiny-ar)")
     p.add_argument("--n", type=int, default=None, help="prompts per checkable task (5)")
     p.add_argument("--gen-length", type=int, default=None, help="answer canvas length (256)")
-    p.add_argument("--block-length", type=int, default=None, help="block length (32)")
+    p.add_argument("--block-length", type=int, default=None,
+                   help="block length (32); a block-causal model runs at its own block size "
+                        "unless this divides it")
     p.add_argument("--batch", type=int, default=None, help="batch size for decode (1)")
     p.add_argument("--repeats", type=int, default=None, help="repeats per length (5)")
     p.add_argument("--concurrency", default=None, metavar="LIST",
@@ -423,7 +454,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--url", default=None, help="serve: a running server's base URL")
     p.add_argument("--api-key", default=None, help="serve: API key for --url")
     p.add_argument("--tiny", action="store_true", help="gpu: a tiny random config (CPU smoke)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (there are none when stderr is not a terminal)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; recorded in the report)")
     add_device_options(p)

@@ -1,17 +1,23 @@
-"""CLI tests that need no model: argparse wiring, option mapping and dispatch.
-
-The engine, trainer and servers are replaced by small fakes, so these run in milliseconds.
+"""CLI tests: argparse wiring, option mapping and dispatch (with small fakes, in
+milliseconds), then what a user sees from real ``python -m celeris`` subprocesses: bad ports, a
+busy port, an unreachable --url, help that agrees with the code, eval's table, quiet redirects.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
 from celeris import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _parse(*argv: str):
@@ -285,3 +291,98 @@ def test_train_rejects_a_bad_mix_or_semi_ar_prob_with_the_field_named(tmp_path, 
     err = capsys.readouterr().err
     assert "semi_ar_prob must be in [0, 0.75]" in err and "Traceback" not in err
     assert not (out / "tokenizer.json").exists()
+
+
+# ----------------------------------------------------------------------- real subprocesses
+def _celeris(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "celeris", *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from tests.tiny_model import make_tiny_model_dir
+    return str(make_tiny_model_dir(tmp_path_factory.mktemp("cli-model")))
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "-1"])
+def test_serve_refuses_a_port_outside_1_to_65535_with_exit_2(tmp_path, port):
+    done = _celeris("serve", "--model", str(tmp_path / "unused"), "--port", port, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"error: --port must be in [1, 65535], got {port}"
+
+
+def test_serve_on_a_busy_port_exits_1_with_one_line(tiny_model):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = _celeris("serve", "--model", tiny_model, "--port", str(port), "--device", "cpu",
+                        timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: port {port} is already in use on 127.0.0.1; start on another one with "
+        f"--port {port + 1}"]
+
+
+def test_batch_url_with_nothing_listening_says_so_in_one_line_before_validating(tmp_path):
+    src = tmp_path / "in.jsonl"     # its model field would make validation ask the server
+    src.write_text(json.dumps({"id": "a", "prompt": "x", "model": "m"}) + "\n")
+    url = f"http://127.0.0.1:{_free_port()}"
+    done = _celeris("batch", str(src), "--url", url, "--max-retries", "0", timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot reach the server at {url}")
+    assert "check that it is running" in lines[0]
+
+
+def test_bench_help_names_every_suite_and_the_block_length_rule():
+    from celeris.bench import SUITES
+
+    text = " ".join(_celeris("bench", "--help", timeout=60).stdout.split())
+    for name in SUITES:
+        assert name in text.rsplit("--suite SUITE", 1)[1].split("--json", 1)[0], name
+    assert "block length (32); a block-causal model runs at its own block size unless this " \
+           "divides it" in text
+
+
+def test_remasking_help_names_each_value_the_error_accepts():
+    from celeris.params import GenerationParams
+
+    with pytest.raises(ValueError) as exc:
+        GenerationParams(remasking="nope")
+    accepted = str(exc.value).split("one of ", 1)[1].split(";", 1)[0].split(", ")
+    text = " ".join(_celeris("generate", "--help", timeout=60).stdout.split())
+    remasking = text.rsplit("--remasking REMASKING", 1)[1].split("--decoding", 1)[0]
+    assert all(name in remasking for name in accepted), (accepted, remasking)
+
+
+def test_eval_prints_a_table_of_task_n_accuracy_time_and_the_mean(tiny_model):
+    done = _celeris("eval", "--model", tiny_model, "--limit", "2", "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].split() == ["task", "n", "accuracy", "time"]
+    rows = [line.split() for line in lines[1:] if line.split()[0] not in ("mean",)
+            and not line.startswith(("-", "masked_loss"))]
+    assert len(rows) >= 5 and all(r[1] == "2" and r[-1] == "s" for r in rows), rows
+    mean = next(line.split() for line in lines if line.startswith("mean"))
+    assert mean[1] == str(2 * len(rows))
+    assert float(mean[2]) == pytest.approx(sum(float(r[2]) for r in rows) / len(rows),
+                                           abs=1e-3)
+
+
+def test_bench_draws_no_progress_bars_when_its_output_is_redirected(tiny_model):
+    done = _celeris("bench", "--suite", "invariance", "--model", tiny_model, "--n", "1",
+                    "--gen-length", "8", "--block-length", "8", "--device", "cpu",
+                    "--threads", "1")
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stderr + done.stdout
+    assert "req/s" not in done.stderr and "invariance:" not in done.stderr
+

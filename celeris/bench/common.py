@@ -96,9 +96,12 @@ class BenchContext:
             temperature=0.0, seed=0, stop=())
 
     def bar(self, total: int, desc: str) -> Any:
+        """A progress bar on stderr; none with --no-progress or when stderr is not a
+        terminal (a redirected log would fill with carriage-return redraws)."""
         from tqdm import tqdm
+        shown = self.progress and sys.stderr.isatty()
         return tqdm(total=total, desc=desc, unit="req", leave=False, dynamic_ncols=True,
-                    disable=not self.progress, file=sys.stderr)
+                    disable=not shown, file=sys.stderr)
 
     def base_params(self, remote: bool = False, **changes: Any) -> Any:
         """The model's defaults (remote: the library defaults) with this run's lengths,

@@ -51,6 +51,7 @@ def _report(model: str, kind: str, params: dict[str, Any], preds: dict[str, list
             samples.append({"task": task, "prompt": ex.prompt, "prediction": p,
                             "answer": ex.answer, "correct": good})
     report = {"model": model, "kind": kind, "params": params, "tasks": acc,
+              "n": {task: len(examples) for task, examples in sets.items()},
               "mean_accuracy": sum(acc.values()) / len(acc),
               "masked_loss": None, "n_per_task": len(next(iter(sets.values()))),
               "elapsed_s": 0.0, "samples": samples}
@@ -75,12 +76,16 @@ def _eval_diffusion(model, overrides, sets, device, started, batch_size: int = C
     params = GenerationParams.from_dict(dict(overrides or {}), base=engine.default_params())
     preds: dict[str, list[str]] = {task: [] for task in sets}
     nfe, gen_tokens, finish = 0, 0, {}
+    seconds = {task: 0.0 for task in sets}   # a batch's time shared equally by its rows
     t_gen = time.time()
     todo = [(task, ex) for task, examples in sets.items() for ex in examples]
     for i in range(0, len(todo), batch_size):   # rows are independent: tasks share batches
         chunk = todo[i:i + batch_size]
-        for (task, _), r in zip(chunk, engine.generate_batch([ex.messages()
-                                                             for _, ex in chunk], params)):
+        t_chunk = time.time()
+        results = engine.generate_batch([ex.messages() for _, ex in chunk], params)
+        share = (time.time() - t_chunk) / len(chunk)
+        for (task, _), r in zip(chunk, results):
+            seconds[task] += share
             preds[task].append(r.text)
             nfe += r.nfe
             gen_tokens += len(r.token_ids)
@@ -89,7 +94,8 @@ def _eval_diffusion(model, overrides, sets, device, started, batch_size: int = C
     gen_s = time.time() - t_gen
     n = sum(len(v) for v in sets.values())
     extra: dict[str, Any] = {"nfe_mean": nfe / n, "generated_tokens": gen_tokens,
-                             "generation_s": round(gen_s, 2), "finish_reasons": finish}
+                             "generation_s": round(gen_s, 2), "finish_reasons": finish,
+                             "task_seconds": {t: round(v, 3) for t, v in seconds.items()}}
     model_obj = engine.model
     if getattr(model_obj.config, "model_type", None) == "celeris":
         hf = engine.tokenizer.hf
@@ -126,8 +132,10 @@ def _eval_ar(model, overrides, sets, device, started) -> dict[str, Any]:
     preds: dict[str, list[str]] = {}
     gen_tokens = 0
     t_gen = time.time()
+    seconds: dict[str, float] = {}
     for task, examples in sets.items():
         out: list[str] = []
+        t_task = time.time()
         for i in range(0, len(examples), CHUNK):
             chunk = examples[i:i + CHUNK]
             texts = [tok.apply_chat_template(ex.messages(), add_generation_prompt=True,
@@ -147,13 +155,14 @@ def _eval_ar(model, overrides, sets, device, started) -> dict[str, Any]:
                 gen_tokens += len(ids)
                 out.append(tok.decode(ids, skip_special_tokens=True))
         preds[task] = out
+        seconds[task] = round(time.time() - t_task, 3)
     gen_s = time.time() - t_gen
     seqs = _story_ids(lambda s: list(tok(s, add_special_tokens=False)["input_ids"]),
                       tok.bos_token_id, tok.eos_token_id)
     ar = objective.ar_eval_loss(lm, seqs, tok.pad_token_id, device=device, autocast=False)
     params = {"max_new_tokens": max_new, "decoding": "greedy", "kv_cache": True}
     extra = {"ar_loss": ar["ar_loss"], "generated_tokens": gen_tokens,
-             "generation_s": round(gen_s, 2)}
+             "generation_s": round(gen_s, 2), "task_seconds": seconds}
     return _report(str(model), "ar", params, preds, sets, started, extra)
 
 
