@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
@@ -88,8 +88,9 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
     request_id = uuid.uuid4().hex[:16]
     shapes = Shapes(chat, request_id, state.model_name)
     items = aengine.stream(prompt, params, request_id, events=req.stream)
-    try:
-        first = await until_disconnect(request, items.__anext__(),
+    held: list[StepEvent] = []
+    try:   # the status is decided by the first denoising step (or the result)
+        first = await until_disconnect(request, _first_step(items, held),
                                        lambda: aengine.abort(request_id))
     except Exception as exc:
         await items.aclose()
@@ -108,7 +109,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
 
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = sse_events(first, items, shapes, params.stop, include_usage,
+        events = sse_events([*held, first], items, shapes, params.stop, include_usage,
                             req.celeris_denoise_events, finish)
         return EventStream(events, on_close=lambda: aengine.abort(request_id),
                            on_disconnect=lambda: state.metrics.disconnects.labels(
@@ -164,9 +165,19 @@ async def until_disconnect(request: Request, work: Awaitable[T],
 
 
 def _denoised(item: Any) -> bool:
-    """Whether a request's first item shows a denoising step (a step event, or a result
-    with at least one forward)."""
-    return isinstance(item, StepEvent) or getattr(item, "nfe", 0) > 0
+    """Whether a request's item shows at least one model forward."""
+    return getattr(item, "nfe", 0) > 0
+
+
+async def _first_step(items: AsyncIterator[Any], held: list[StepEvent]) -> Any:
+    """The request's first item that shows a denoising step, or its result; the events
+    before it (the canvas as admitted, no forward yet) are appended to ``held``, so that an
+    error in the first step is still an HTTP error rather than an event in a started stream."""
+    while True:
+        item = await items.__anext__()
+        if not isinstance(item, StepEvent) or _denoised(item):
+            return item
+        held.append(item)
 
 
 async def _disconnected(request: Request) -> None:

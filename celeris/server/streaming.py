@@ -53,15 +53,17 @@ class EventStream(StreamingResponse):
                 self.on_disconnect()
 
 
-async def sse_events(first: Any, items: AsyncIterator[Any], shapes: Shapes,
+async def sse_events(head: list[Any], items: AsyncIterator[Any], shapes: Shapes,
                      stops: tuple[str, ...], include_usage: bool, denoise: bool,
                      finish: Callable[[GenerationResult], str]) -> AsyncIterator[str]:
-    """``finish(result)`` returns the OpenAI finish_reason or raises an APIError."""
+    """The SSE chunks of ``head`` (the items already received) and then of ``items``;
+    ``finish(result)`` returns the OpenAI finish_reason or raises an APIError."""
     sent = ""
+    pending = list(head)
     try:
         if shapes.chat:
             yield sse(shapes.chunk(None, first=True, include_usage=include_usage))
-        item = first
+        item = pending.pop(0) if pending else await items.__anext__()
         while not isinstance(item, GenerationResult):
             if isinstance(item, StepEvent):
                 if denoise:
@@ -70,7 +72,7 @@ async def sse_events(first: Any, items: AsyncIterator[Any], shapes: Shapes,
                 if len(stable) > len(sent) and stable.startswith(sent):
                     yield sse(shapes.chunk(stable[len(sent):], include_usage=include_usage))
                     sent = stable
-            item = await items.__anext__()
+            item = pending.pop(0) if pending else await items.__anext__()
         reason = finish(item)
         tail = item.text[len(sent):] if item.text.startswith(sent) else ""
         yield sse(shapes.chunk(tail, reason, include_usage=include_usage))
