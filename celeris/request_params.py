@@ -51,7 +51,8 @@ def max_tokens(fields: Mapping[str, Any]) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer in [1, {MAX_GEN_LENGTH}], got {value!r}")
     if not 1 <= value <= MAX_GEN_LENGTH:
-        raise ValueError(f"{name} must be in [1, {MAX_GEN_LENGTH}], got {value}")
+        raise ValueError(f"{name} must be in [1, {MAX_GEN_LENGTH}], got {value}; prompt + "
+                         f"{name} must also fit the model's context")
     return value
 
 

@@ -38,7 +38,8 @@ def test_the_two_spellings_must_agree():
     with pytest.raises(ValueError, match=r"max_completion_tokens \(16\) differs from "
                                          r"max_tokens \(8\)"):
         request_params({"max_tokens": 8, "max_completion_tokens": 16}, DEFAULTS)
-    with pytest.raises(ValueError, match=r"max_tokens must be in \[1, 4096\], got 0"):
+    with pytest.raises(ValueError, match=r"max_tokens must be in \[1, 4096\], got 0; prompt \+ "
+                                         r"max_tokens must also fit the model.s context"):
         request_params({"max_tokens": 0}, DEFAULTS)
     with pytest.raises(ValueError, match="max_completion_tokens must be an integer"):
         request_params({"max_completion_tokens": 2.5}, DEFAULTS)

@@ -79,7 +79,8 @@ def test_non_finite_numbers_are_rejected_with_the_params_message(url, raw, param
 @pytest.mark.parametrize("body,param,fragment", [
     ({"temperature": 2.5}, "temperature", "temperature must be in [0.0, 2.0], got 2.5"),
     ({"top_k": -1}, "top_k", "top_k must be in [0, 1000000]"),
-    ({"max_tokens": 0}, "max_tokens", "max_tokens must be in [1, 4096], got 0"),
+    ({"max_tokens": 0}, "max_tokens", "max_tokens must be in [1, 255] for this model"),
+    ({"max_tokens": 5000}, "max_tokens", "max_tokens must be in [1, 255] for this model"),
     ({"seed": -5}, "seed", "seed must be in"),
     ({"steps": 3, "max_tokens": 16}, "steps", "steps (3) must be a multiple"),
     ({"decoding": "magic"}, "decoding", "decoding must be one of"),

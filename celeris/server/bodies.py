@@ -96,12 +96,13 @@ def _field_names() -> set[str]:
 
 def generation_params(req: _Knobs, defaults: GenerationParams,
                       context_length: int | None = None) -> GenerationParams:
-    """GenerationParams for a validated request (the shared request_params mapping); a
-    length above ``context_length`` is refused with that number."""
+    """GenerationParams for a validated request (the shared request_params mapping). With
+    ``context_length`` a length cap outside [1, context - 1] is refused with those numbers;
+    prompt tokens + max_tokens may equal the context (the engine checks that per prompt)."""
     fields = req.generation_fields()
     field = req.length_field()
     asked = fields.get(field) if field else None
-    if context_length and isinstance(asked, int) and asked >= context_length:
+    if context_length and isinstance(asked, int) and not 1 <= asked < context_length:
         raise invalid(f"{field} must be in [1, {context_length - 1}] for this model (its "
                       f"context of {context_length} tokens holds the prompt and the answer; "
                       f"prompt + {field} may equal it), got {asked}", field)
