@@ -42,6 +42,7 @@ class ServerState:
         self.draining = False
         self.failure: str | None = None
         self.warmup_failed = False   # loaded, but the warm-up generation kept failing
+        self.warmup_error = ""       # the type of its last exception
         self.on_fatal = on_fatal
         self.created = int(time.time())
         self.metrics = ServerMetrics(self.stats)
@@ -82,7 +83,7 @@ class ServerState:
             try:
                 engine.generate("Hello", probe_params(engine.default_params()))
             except Exception as exc:   # noqa: BLE001 - the cause goes to the log and /ready
-                cause = f"{type(exc).__name__}: {exc}"
+                kind, cause = type(exc).__name__, f"{type(exc).__name__}: {exc}"
                 log.warning("warm-up generation failed (attempt %d of %d): %s", attempt,
                             WARMUP_ATTEMPTS, cause, exc_info=attempt == WARMUP_ATTEMPTS)
                 if attempt < WARMUP_ATTEMPTS:
@@ -91,7 +92,7 @@ class ServerState:
             self.ready = True
             log.info("model %s is ready", self.model_name)
             return
-        self.warmup_failed = True
+        self.warmup_failed, self.warmup_error = True, kind
         self.failure = f"the warm-up generation failed {WARMUP_ATTEMPTS} times; last: {cause}"
         log.error(self.failure)
         if self.on_fatal is not None:
@@ -117,9 +118,9 @@ class ServerState:
         if self.draining:
             return "draining", "the server is shutting down"
         if self.warmup_failed:   # the exception's type, not its text (paths stay in the log)
-            cause = (self.failure or "").rsplit("last: ", 1)[-1].split(":", 1)[0]
             return "failed", (f"the model loaded, but the warm-up generation failed "
-                              f"{WARMUP_ATTEMPTS} times ({cause}); see the server log")
+                              f"{WARMUP_ATTEMPTS} times ({self.warmup_error}); see the server "
+                              f"log")
         if self.failure:   # details (paths, exceptions) stay in the server log
             return "failed", "the model could not be loaded; see the server log"
         if not self.ready:
