@@ -149,7 +149,7 @@ def test_train_dispatch(monkeypatch, capsys):
     assert "lr" not in calls[-1]
 
 
-def test_train_snapshot_and_copy_weight_options(monkeypatch, capsys):
+def test_train_snapshot_option(monkeypatch, capsys):
     calls = []
 
     def train(**kwargs):
@@ -162,9 +162,8 @@ def test_train_snapshot_and_copy_weight_options(monkeypatch, capsys):
         return {"snapshot_of": f"{out}/checkpoints/step_0000200.pt", "step": 200}
 
     _fake_train_module(monkeypatch, train=train, snapshot=snapshot)
-    assert cli.main(["train", "--out", "runs/a", "--steps", "4", "--kind", "bd",
-                     "--copy-weight", "4"]) == 0
-    assert calls[-1]["copy_weight"] == 4.0
+    assert cli.main(["train", "--out", "runs/a", "--steps", "4", "--kind", "bd"]) == 0
+    assert calls[-1]["kind"] == "bd" and "copy_weight" not in calls[-1]
     capsys.readouterr()
     assert cli.main(["train", "--out", "runs/a", "--snapshot", "runs/a-200"]) == 0
     assert "(step 200) -> runs/a-200" in capsys.readouterr().out and len(calls) == 1

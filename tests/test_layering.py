@@ -247,7 +247,7 @@ def test_checker_reports_violation(module, target):
     ("celeris.sampler.loop", "celeris.kernels.softmax"),
     ("celeris.sampler.loop", "celeris.sampler.policies"),
     ("celeris.engine", "celeris.model"),
-    ("celeris.engine", "celeris.scheduler"),
+    ("celeris.engine", "celeris.cache"),
     ("celeris.cli", "celeris"),
     ("celeris.cli", "celeris.train"),
     ("celeris.server.routes", "celeris.server.protocol"),

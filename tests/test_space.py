@@ -44,7 +44,7 @@ def _get(url: str) -> tuple[int, bytes]:
 
 
 def test_the_folder_holds_the_app_the_packages_the_model_and_valid_front_matter(space_dir):
-    for name in ("app.py", "celeris/engine.py", "ui/__init__.py", "assets"):
+    for name in ("app.py", "celeris/engine/llm_engine.py", "ui/__init__.py", "assets"):
         assert (space_dir / name).exists(), name
     for model in ("celeris-tiny-bd", "celeris-tiny", "celeris-tiny-ar"):   # default, infill, twin
         for name in ("config.json", "model.safetensors", "tokenizer.json"):

@@ -90,25 +90,29 @@ class Engine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[Request]:
-        """One step for every running request; returns the requests touched (to deliver)."""
+        """schedule -> run -> commit -> finish -> free; returns the requests touched."""
         start = time.perf_counter()
         batch, joined, ended = self.scheduler.schedule(start, self.layout.stops_at_eos)
         for req in joined:
             self.runner.admit(req)
         if batch:
-            self._run(batch)
+            self._run(batch)                 # one forward, choose, one host sync, commit
             for req in batch:
-                req.check_finish(time.perf_counter(), self.layout.stops_at_eos(req))
-                req.pending = req.event(self.special.mask, req.params.block_length) \
-                    if req.events or req.finished else None
-                if not req.finished:
-                    self.layout.advance(req)
+                self._settle(req)
             self.step_timing.add(time.perf_counter() - start, self.runner.forward_s)
         done = [r for r in (*batch, *ended) if r.finished]
         for req in done:
             self.runner.release(req)
         self.scheduler.retire(done)
         return [*batch, *ended]
+
+    def _settle(self, req: Request) -> None:
+        """After a request's commit: has it finished, its event, its next unit."""
+        req.check_finish(time.perf_counter(), self.layout.stops_at_eos(req))
+        if (req.events or req.finished) and req.failure is None:   # a failure: no event
+            req.pending = req.event(self.special.mask, req.params.block_length)
+        if not req.finished:
+            self.layout.advance(req)
 
     def _run(self, batch: list[Request]) -> None:
         """The forward of a step; a failure ends the batch's requests, not the engine."""

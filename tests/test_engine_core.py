@@ -1,0 +1,160 @@
+"""The engine's shape: one place ends a request, mixed knobs share a forward, seats are reused."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+import celeris
+from celeris import FinishReason
+from tests.engine_harness import bare_engine, finish, run_requests, submit
+from tests.tiny_model import make_tiny_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [(5, 6, 7), (8, 9, 10, 11, 12), (13, 14, 15, 16, 17, 18, 19), (20, 21)]
+
+
+def _finish_writes(path: Path) -> list[str]:
+    """Places in a source file that set a finish reason: an assignment to ``.finish`` or
+    ``.finish_reason``, or a ``finish_reason=`` keyword."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for t in targets:
+            for leaf in ast.walk(t):
+                if isinstance(leaf, ast.Attribute) and leaf.attr in ("finish", "finish_reason"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+        if isinstance(node, ast.keyword) and node.arg == "finish_reason":
+            found.append(f"{path.relative_to(ROOT)}:{node.value.lineno}")
+    return found
+
+
+def test_one_place_sets_a_finish_reason():
+    """Request.check_finish decides every finish; the result copies it (one keyword)."""
+    places = [p for f in sorted((ROOT / "celeris").rglob("*.py")) for p in _finish_writes(f)]
+    request = ROOT / "celeris" / "engine" / "request.py"
+    source = request.read_text(encoding="utf-8").splitlines()
+    check = next(i for i, line in enumerate(source, 1) if "def check_finish" in line)
+    end = next(i for i, line in enumerate(source, 1) if i > check and
+               line.startswith("    def "))
+    inside = [p for p in places if p.startswith("celeris/engine/request.py:")
+              and check < int(p.split(":")[1]) < end]
+    copies = [p for p in places if p not in inside]
+    assert inside, "check_finish must set the finish reason"
+    assert copies == ["celeris/engine/request.py:" + str(next(
+        i for i, line in enumerate(source, 1) if "finish_reason=self.finish" in line))], copies
+
+
+def test_the_checker_sees_a_second_place(tmp_path):
+    rogue = ROOT / "celeris" / "_rogue_finish_probe.py"
+    rogue.write_text("def f(r):\n    r.finish = 'stop'\n", encoding="utf-8")
+    try:
+        assert _finish_writes(rogue) == ["celeris/_rogue_finish_probe.py:2"]
+    finally:
+        rogue.unlink()
+
+
+@pytest.fixture(scope="module")
+def block_model():
+    torch.manual_seed(3)
+    cfg = celeris.CelerisConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=2, num_attention_heads=4, mask_token_id=3,
+                                attention="block_causal", block_size=8, shift_logits=True,
+                                initializer_range=0.3)
+    return celeris.CelerisForMaskedDiffusion(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def canvas_model():
+    torch.manual_seed(4)
+    cfg = celeris.CelerisConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=2, num_attention_heads=4, mask_token_id=3,
+                                shift_logits=True, initializer_range=0.3)
+    return celeris.CelerisForMaskedDiffusion(cfg).eval()
+
+
+def _mixed(block: bool):
+    P = celeris.GenerationParams
+    common = dict(cache="prefix") if block else {}
+    return [P(gen_length=16, block_length=8 if block else 8, temperature=0.8, **common),
+            P(gen_length=20, block_length=4, decoding="threshold", threshold=0.2, **common),
+            P(gen_length=12, block_length=2, decoding="ltr", threshold=0.5,
+              remasking="margin", **common),
+            P(gen_length=16, block_length=8, decoding="factor", factor=2.0, top_k=5,
+              temperature=0.5, cache="none")]
+
+
+@pytest.mark.parametrize("family", ["block", "canvas"])
+def test_requests_with_different_knobs_share_a_forward_and_match_their_solo_runs(
+        family, block_model, canvas_model, monkeypatch):
+    model = block_model if family == "block" else canvas_model
+    params = _mixed(family == "block")
+    engine = bare_engine(model, 3, 0, (2,))
+    widths = []
+    run = engine.runner.run
+    monkeypatch.setattr(engine.runner, "run", lambda reqs: widths.append(len(reqs)) or run(reqs))
+    together = run_requests(engine, [(f"r{j}", PROMPTS[j], p, 10 + j)
+                                     for j, p in enumerate(params)])
+    assert widths[0] == len(params)              # every request in the first forward
+    for j, p in enumerate(params):
+        alone = run_requests(bare_engine(model, 3, 0, (2,)), [("a", PROMPTS[j], p, 10 + j)])
+        assert together[f"r{j}"][-1].canvas == alone["a"][-1].canvas
+        assert together[f"r{j}"][-1].finish == alone["a"][-1].finish
+
+
+def test_a_finished_request_leaves_and_a_queued_one_joins_at_the_next_step(block_model):
+    engine = bare_engine(block_model, 3, 0, (2,), max_running=2)
+    P = celeris.GenerationParams
+    short = P(gen_length=8, block_length=8, suppress_eos=True, cache="prefix")
+    long = short.replace(gen_length=32)
+    outs: dict = {}
+    submit(engine, outs, "short", PROMPTS[0], short, 1)
+    submit(engine, outs, "long", PROMPTS[1], long, 2)
+    submit(engine, outs, "queued", PROMPTS[2], short, 3)
+    slots = []
+    while engine.scheduler.has_work:
+        engine.run_step()
+        slots.append({r.request_id: r.slot for r in engine.scheduler.running})
+    ended = next(i for i, s in enumerate(slots) if "short" not in s)
+    assert outs["short"][-1].finish == "length"
+    assert slots[ended] == {"long": slots[ended - 1]["long"]}    # left after its last step
+    # the next step gives the queued request the seat and the KV slot it freed
+    assert slots[ended + 1] == {"long": slots[ended - 1]["long"],
+                                "queued": slots[ended - 1]["short"]}
+    finish(engine)
+    assert {rid: o[-1].finish for rid, o in outs.items()} == {
+        "short": "length", "long": "length", "queued": "length"}
+
+
+def test_the_step_is_a_handful_of_lines():
+    source = (ROOT / "celeris" / "engine" / "llm_engine.py").read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    step = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "step")
+    assert step.end_lineno - step.lineno <= 25
+
+
+def test_a_request_aborted_before_its_first_step_never_runs(block_model):
+    engine = bare_engine(block_model, 3, 0, (2,))
+    outs: dict = {}
+    params = celeris.GenerationParams(gen_length=8, block_length=8)
+    submit(engine, outs, "a", PROMPTS[0], params, 1)
+    engine.abort("a")
+    got = []
+    engine.scheduler.reserved["a"].sink = got.append
+    engine.run_step()
+    assert [(r.finish_reason, r.nfe) for r in got] == [(FinishReason.ABORT, 0)]
+    assert not engine.scheduler.has_work
+
+
+def test_the_shipped_full_attention_model_streams_a_prefix_of_its_capped_answer():
+    engine = celeris.Engine.from_pretrained(ROOT / "models" / "celeris-tiny", device="cpu")
+    for cap in (1, 5, 17):
+        params = engine.default_params().replace(gen_length=cap, steps=None)
+        texts = [item.text for item in engine.stream("Once upon a time", params)]
+        final = texts[-1]
+        assert all(final.startswith(t) for t in texts), (cap, texts)
+        assert len(engine.tokenizer.encode(final, add_special_tokens=False)) <= cap
