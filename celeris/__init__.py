@@ -3,7 +3,7 @@
 from .config import (CelerisError, EngineBusyError, EngineClosedError, EngineConfig,
                      EngineOutOfMemoryError, ModelLoadError)
 from .model import (CelerisConfig, CelerisForMaskedDiffusion, DreamConfig, FastDLLMQwenConfig,
-                    LLaDAConfig, SDARConfig, load_model)
+                    LLaDA2MoeConfig, LLaDAConfig, SDARConfig, SDARMoeConfig, load_model)
 from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
 from .params import GenerationParams
 
@@ -16,5 +16,5 @@ __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "St
            "FinishReason", "Timings", "Usage", "CelerisError", "ModelLoadError",
            "EngineBusyError", "EngineClosedError", "EngineOutOfMemoryError", "CelerisConfig",
            "CelerisForMaskedDiffusion", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig",
-           "SDARConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
+           "SDARConfig", "SDARMoeConfig", "LLaDA2MoeConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
            "AsyncEngine", "ContextLengthError", "split_infill"]

@@ -2,6 +2,9 @@
 
 Special ids come from the model's own files (config.json, tokenizer_config.json, the
 vocabulary), never from literals: LLaDA, Dream and celeris-tiny all spell them differently.
+Where a published checkpoint names an id in none of them (Fast-dLLM v2's mask, LLaDA-MoE's,
+given only in their model cards), the family's known ids (the config's ``known_special_ids``)
+are the last resort.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from .config import ModelLoadError
 
 # End-of-turn tokens by the names the supported families give them in their vocabularies.
 EOT_NAMES = ("<|eot|>", "<|eot_id|>", "<|im_end|>")
-MASK_NAMES = ("<|mask|>", "<|mdm_mask|>")
+MASK_NAMES = ("<|mask|>", "<|mdm_mask|>", "|<MASK>|", "<|MASK|>")   # ... Fast-dLLM v2, SDAR
 
 Messages = Sequence[dict[str, Any]]
 
@@ -129,16 +132,32 @@ def _token_id(hf: Any, names: Sequence[str]) -> int | None:
     return None
 
 
+def _known_id(config: Any, kind: str, model_dir: Path) -> int | None:
+    """The family's known id of ``kind`` (``known_special_ids``), checked against the model's
+    vocabulary size."""
+    known = (getattr(config, "known_special_ids", None) or {}).get(kind)
+    vocab = getattr(config, "vocab_size", None)
+    if known is not None and vocab is not None and not 0 <= known < vocab:
+        raise ModelLoadError(f"{model_dir}: the family's known {kind} id {known} is outside "
+                             f"the model's vocabulary of {vocab}; set {kind}_token_id in "
+                             "config.json")
+    return known
+
+
 def _special_ids(hf: Any, config: Any, model_dir: Path) -> SpecialIds:
     mask = getattr(config, "mask_token_id", None)
     if mask is None:
         mask = hf.mask_token_id if hf.mask_token_id is not None else _token_id(hf, MASK_NAMES)
+    if mask is None:
+        mask = _known_id(config, "mask", model_dir)
     if mask is None:
         raise ModelLoadError(f"{model_dir}: no mask token: set mask_token_id in config.json "
                              "or mask_token in tokenizer_config.json")
     eos = hf.eos_token_id if hf.eos_token_id is not None else getattr(config, "eos_token_id", None)
     if isinstance(eos, (list, tuple)):
         eos = eos[0]
+    if eos is None:
+        eos = _known_id(config, "eos", model_dir)
     if eos is None:
         raise ModelLoadError(f"{model_dir}: no EOS token in the tokenizer or config")
     eot = getattr(config, "eot_token_id", None)

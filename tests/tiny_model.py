@@ -102,3 +102,24 @@ def tiny_block_batch(source: str, unscored: int):
     labels[:, :unscored] = IGNORE
     return Batch(ids, None, torch.ones_like(ids, dtype=torch.bool), labels, source, 12)
 
+
+
+def write_family_tokenizer(path: str | Path, special_tokens: list[str], merges: int = 48,
+                           **named: str) -> dict[str, int]:
+    """Save a byte-level BPE tokenizer whose special tokens take ids 0.. in the order given
+    and whose roles are only those ``named`` (e.g. ``eos_token="<|endoftext|>"``): a
+    published family's tokenizer in miniature, with no mask token named unless asked.
+    Returns the vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=256 + len(special_tokens) + merges, special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, **named)
+    hf_tok.save_pretrained(str(path))
+    return hf_tok.get_vocab()

@@ -1,25 +1,27 @@
 """Native diffusion LMs (full-attention and block-diffusion) and checkpoint loading.
 
 Importing this package registers our configs and models with transformers' Auto classes, so
-``AutoModel.from_pretrained(path)`` works for celeris, LLaDA, Dream, Fast-dLLM v2 and SDAR
-directories without ``trust_remote_code``, with LLaDA's upstream parameter names mapped onto
-ours (the same table ``load_model`` uses) and a missing weight refused by name.
+``AutoModel.from_pretrained(path)`` works for celeris, LLaDA (and LLaDA-MoE, iLLaDA), Dream,
+Fast-dLLM v2, SDAR, SDAR-MoE and LLaDA2.x directories without ``trust_remote_code``, with the
+upstream parameter names mapped onto ours (the same tables ``load_model`` uses), per-expert
+tensors merged into our stacked experts, and a missing weight refused by name.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
 from .configuration import (CONFIG_CLASSES, CelerisConfig, DreamConfig, FastDLLMQwenConfig,
-                            LLaDAConfig, SDARConfig)
+                            LLaDA2MoeConfig, LLaDAConfig, SDARConfig, SDARMoeConfig)
 from .modeling import (CelerisForMaskedDiffusion, DreamModel, FastDLLMQwenModel, KVView,
-                       LLaDAModelLM, SDARModel)
-from .weights import LLADA_RENAMES, canonical_name, load_model, resolve_device, resolve_dtype
+                       LLaDA2MoeModelLM, LLaDAModelLM, SDARModel, SDARMoeForCausalLM)
+from .weights import RENAMES, canonical_name, load_model, resolve_device, resolve_dtype
 
 _MODEL_FOR = {CelerisConfig: CelerisForMaskedDiffusion, LLaDAConfig: LLaDAModelLM,
               DreamConfig: DreamModel, FastDLLMQwenConfig: FastDLLMQwenModel,
-              SDARConfig: SDARModel}
-# Upstream block-diffusion checkpoints name themselves ...ForCausalLM and are loaded with
-# AutoModelForCausalLM in their model cards; that works here too.
-_CAUSAL_LM = (FastDLLMQwenConfig, SDARConfig)
+              SDARConfig: SDARModel, SDARMoeConfig: SDARMoeForCausalLM,
+              LLaDA2MoeConfig: LLaDA2MoeModelLM}
+# Upstream block-diffusion checkpoints name themselves ...ForCausalLM (LLaDA2: ...ModelLM) and
+# are loaded with AutoModelForCausalLM in their model cards; that works here too.
+_CAUSAL_LM = (FastDLLMQwenConfig, SDARConfig, SDARMoeConfig, LLaDA2MoeConfig)
 
 
 def _register() -> None:
@@ -35,19 +37,32 @@ def _register() -> None:
                 auto.register(config_cls, model_cls)
             except ValueError:
                 pass
-    _register_llada_renames()
+    _register_conversions()
 
 
-def _register_llada_renames() -> None:
+def _register_conversions() -> None:
+    """Per model_type: our renames, then the per-expert tensors merged into the stacked
+    experts (transformers' own Qwen2-MoE recipe)."""
     from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming
-    renames = [WeightRenaming(src, dst) for src, dst in LLADA_RENAMES]
-    register_checkpoint_conversion_mapping(LLaDAConfig.model_type, renames, overwrite=True)
+    from transformers.core_model_loading import (Concatenate, MergeModulelist, WeightConverter,
+                                                 WeightRenaming)
+    for model_type in ("llada", "llada2_moe", "sdar_moe"):
+        mapping = [WeightRenaming(src, dst) for src, dst in RENAMES.get(model_type, ())]
+        mapping += [
+            WeightConverter(source_patterns=["mlp.experts.*.gate_proj.weight",
+                                             "mlp.experts.*.up_proj.weight"],
+                            target_patterns="mlp.experts.gate_up_proj",
+                            operations=[MergeModulelist(dim=0), Concatenate(dim=1)]),
+            WeightConverter(source_patterns="mlp.experts.*.down_proj.weight",
+                            target_patterns="mlp.experts.down_proj",
+                            operations=[MergeModulelist(dim=0)])]
+        register_checkpoint_conversion_mapping(model_type, mapping, overwrite=True)
 
 
 _register()
 
 __all__ = ["CelerisConfig", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig", "SDARConfig",
-           "CelerisForMaskedDiffusion", "LLaDAModelLM", "DreamModel", "FastDLLMQwenModel",
-           "SDARModel", "KVView", "load_model", "canonical_name",
+           "SDARMoeConfig", "LLaDA2MoeConfig", "CelerisForMaskedDiffusion", "LLaDAModelLM",
+           "DreamModel", "FastDLLMQwenModel", "SDARModel", "SDARMoeForCausalLM",
+           "LLaDA2MoeModelLM", "KVView", "load_model", "canonical_name",
            "resolve_device", "resolve_dtype", "CONFIG_CLASSES"]

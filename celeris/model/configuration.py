@@ -8,6 +8,9 @@ set the flags that differ:
 - Fast-dLLM v2 (Qwen2.5 blocks, q/k/v biases, ``bd_size``, shifted logits) and SDAR (Qwen3
   blocks with per-head q/k RMSNorm) attend *block-causally*: a position sees every earlier
   block and its whole own block, so the keys/values of finished blocks never change.
+- The mixture-of-experts families replace some layers' MLP with routed experts (``moe.py``):
+  LLaDA-MoE (model_type "llada" with MoE keys, full attention), LLaDA2.x (block-causal, fused
+  q/k/v, half-rotary heads, grouped sigmoid routing) and SDAR-MoE (Qwen3-MoE, block-causal).
 """
 
 from __future__ import annotations
@@ -16,6 +19,21 @@ from transformers import PretrainedConfig
 
 
 ATTENTIONS = ("bidirectional", "block_causal")
+ROUTER_SCORES = ("softmax", "sigmoid")
+# how a router's expert_bias is used: not at all; only to choose the experts (LLaDA2: the
+# weights stay the unbiased scores); or added to the scores, which are then the weights
+# (LLaDA-MoE)
+ROUTER_BIASES = ("none", "select", "add")
+
+# Special ids a family's published checkpoints use but name neither in config.json nor in the
+# tokenizer config (they are given in the model cards); the tokenizer loader falls back on
+# them after the config, the tokenizer config and the vocabulary's own names.
+KNOWN_SPECIAL_IDS: dict[str, dict[str, int]] = {
+    "fast_dllm_v2": {"mask": 151665},              # |<MASK>|
+    "llada_moe": {"mask": 156895},                 # LLaDA-MoE-7B-A1B's card: generate(mask_id=)
+    "llada2": {"mask": 156895, "eos": 156892},     # <|mask|>, <|endoftext|>
+    "sdar_moe": {"mask": 151669},                  # <|MASK|>
+}
 
 
 class CelerisConfig(PretrainedConfig):
@@ -30,6 +48,18 @@ class CelerisConfig(PretrainedConfig):
                   at i-1 (the model was initialised from an autoregressive one). It also helps a
                   tiny model trained from scratch: a masked position gets its neighbour's
                   unmasked state directly.
+    partial_rotary_factor: RoPE rotates only the first factor * head_dim dims of each head
+                  (LLaDA2: 0.5); the frequencies are those of a head of that width.
+    fused_qkv:    one q/k/v projection (LLaDA2's query_key_value) instead of three.
+    o_bias:       a bias on the attention output projection; clip_qkv clamps q/k/v (OLMoE).
+    num_experts:  > 0 makes the layers in ``moe_layers`` (default: all) mixture-of-experts
+                  layers (``moe.py``): a router scores the experts per token
+                  (``router_score``), keeps ``num_experts_per_tok`` of them (within the best
+                  ``router_topk_groups`` of ``router_groups`` groups), weighs them (normalised
+                  if ``norm_topk_prob``, times ``routed_scaling_factor``) and adds the always-on
+                  shared experts (``shared_expert_intermediate_size`` > 0).
+    family:       the upstream family a config was read from (e.g. "llada2"), for the special
+                  ids its checkpoints leave unnamed (KNOWN_SPECIAL_IDS).
     """
 
     model_type = "celeris"
@@ -43,7 +73,15 @@ class CelerisConfig(PretrainedConfig):
                  tie_word_embeddings: bool = False, initializer_range: float = 0.02,
                  mask_token_id: int | None = None, eot_token_id: int | None = None,
                  conv_kernel_size: int = 0, attention: str = "bidirectional",
-                 block_size: int | None = None, qk_norm: bool = False, **kwargs) -> None:
+                 block_size: int | None = None, qk_norm: bool = False,
+                 partial_rotary_factor: float = 1.0, fused_qkv: bool = False,
+                 o_bias: bool = False, clip_qkv: float | None = None, num_experts: int = 0,
+                 num_experts_per_tok: int = 0, moe_intermediate_size: int | None = None,
+                 shared_expert_intermediate_size: int = 0, moe_layers: list | None = None,
+                 router_score: str = "softmax", router_bias: str = "none",
+                 router_groups: int = 1, router_topk_groups: int = 1,
+                 norm_topk_prob: bool = False, routed_scaling_factor: float = 1.0,
+                 router_fp32: bool = False, family: str | None = None, **kwargs) -> None:
         if conv_kernel_size:
             raise ValueError("conv_kernel_size is not supported (it breaks the block KV cache); "
                              "use shift_logits=True for the same effect")
@@ -65,8 +103,20 @@ class CelerisConfig(PretrainedConfig):
         self.attention = attention
         self.block_size = block_size
         self.qk_norm = qk_norm
+        self.partial_rotary_factor = float(partial_rotary_factor)
+        self.fused_qkv, self.o_bias, self.clip_qkv = fused_qkv, o_bias, clip_qkv
+        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
+        self.moe_intermediate_size = moe_intermediate_size
+        self.shared_expert_intermediate_size = shared_expert_intermediate_size or 0
+        self.moe_layers = (None if moe_layers is None else [int(i) for i in moe_layers])
+        self.router_score, self.router_bias = router_score, router_bias
+        self.router_groups, self.router_topk_groups = router_groups, router_topk_groups
+        self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
+        self.router_fp32, self.family = router_fp32, family
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         self._check()
+        if self.num_experts:
+            self._check_moe()
 
     def _check(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -88,9 +138,59 @@ class CelerisConfig(PretrainedConfig):
                 raise ValueError(f"config field block_size must be an integer in [1, 1024] for "
                                  f"block_causal attention, got {bs!r}")
 
+        rot = self.rotary_dim
+        if not 0.0 < self.partial_rotary_factor <= 1.0 or rot < 2 or rot % 2:
+            raise ValueError(f"partial_rotary_factor must be in (0, 1] and leave an even number "
+                             f"(>= 2) of rotated dims per head, got {self.partial_rotary_factor} "
+                             f"(head_dim {self.head_dim})")
+
+    def _check_moe(self) -> None:
+        E, k, G, TG = (self.num_experts, self.num_experts_per_tok, self.router_groups,
+                       self.router_topk_groups)
+        if not isinstance(E, int) or E < 1:
+            raise ValueError(f"config field num_experts must be a non-negative integer, got {E!r}")
+        if not isinstance(k, int) or not 1 <= k <= E:
+            raise ValueError(f"config field num_experts_per_tok must be in [1, {E}], got {k!r}")
+        size = self.moe_intermediate_size
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"config field moe_intermediate_size must be a positive integer, "
+                             f"got {size!r}")
+        if self.router_score not in ROUTER_SCORES:
+            raise ValueError(f"config field router_score must be one of "
+                             f"{', '.join(ROUTER_SCORES)}, got {self.router_score!r}")
+        if self.router_bias not in ROUTER_BIASES:
+            raise ValueError(f"config field router_bias must be one of "
+                             f"{', '.join(ROUTER_BIASES)}, got {self.router_bias!r}")
+        if G < 1 or E % G or not 1 <= TG <= G or (G > 1 and E // G < 2):
+            raise ValueError(f"router_groups ({G}) must divide num_experts ({E}) into groups of "
+                             f"at least 2, and router_topk_groups ({TG}) be in [1, {G}]")
+        if k > TG * (E // G):
+            raise ValueError(f"num_experts_per_tok ({k}) exceeds the experts of the "
+                             f"{TG} kept group(s) ({TG * (E // G)})")
+        bad = [i for i in self.moe_layer_ids if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(f"config field moe_layers names layers outside "
+                             f"[0, {self.num_hidden_layers - 1}]: {bad}")
+
     @property
     def block_causal(self) -> bool:
         return self.attention == "block_causal"
+
+    @property
+    def rotary_dim(self) -> int:
+        """The rotated dims of each head (the rest pass through RoPE unchanged)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def moe_layer_ids(self) -> frozenset[int]:
+        if not self.num_experts:
+            return frozenset()
+        layers = range(self.num_hidden_layers) if self.moe_layers is None else self.moe_layers
+        return frozenset(layers)
+
+    @property
+    def known_special_ids(self) -> dict[str, int]:
+        return dict(KNOWN_SPECIAL_IDS.get(self.family or "", {}))
 
 
 # Upstream LLaDA (OLMo lineage) field names -> ours.
@@ -102,12 +202,63 @@ _LLADA_RENAMES = {
 }
 
 
+def _pop_unused(kwargs: dict, *names: str) -> None:
+    """Drop upstream fields that change nothing at inference (dropouts, training knobs)."""
+    for name in names:
+        kwargs.pop(name, None)
+
+
+def _check_plain_rope_and_silu(kwargs: dict) -> None:
+    rope = kwargs.pop("rope_scaling", None)
+    if rope and rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise ValueError(f"rope_scaling {rope!r} is not supported (only plain RoPE)")
+    act = kwargs.pop("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"hidden_act must be silu (SwiGLU), got {act!r}")
+
+
+def _llada_moe_fields(kwargs: dict) -> None:
+    """inclusionAI/LLaDA-MoE-7B-A1B-*: model_type "llada" with OLMoE-style MoE keys.
+
+    Its router (modeling_lladamoe.py) takes the softmax of the gate logits, adds
+    ``expert_bias`` (when ``moe_router_enable_expert_bias``) and keeps the top-k of those sums,
+    which are also the weights: no renormalisation and no scaling, whatever
+    ``norm_topk_prob``/``routed_scaling_factor`` say. ``moe_layer_freq[i] == 0`` makes layer i
+    dense (``dense_intermediate_size``); a shared expert sits beside the routed ones when
+    ``shared_expert_intermediate_size`` is set. q/k RMSNorm is per head."""
+    _check_plain_rope_and_silu(kwargs)
+    freq = kwargs.pop("moe_layer_freq", None) or []
+    if freq and "moe_layers" not in kwargs:
+        kwargs["moe_layers"] = [i for i, f in enumerate(freq) if f]
+    for theirs, ours in (("dense_intermediate_size", "intermediate_size"),
+                         ("expert_intermediate_size", "moe_intermediate_size"),
+                         ("qk_layernorm", "qk_norm")):
+        if theirs in kwargs:
+            kwargs.setdefault(ours, kwargs.pop(theirs))
+    bias = bool(kwargs.pop("attention_bias", False))
+    kwargs.setdefault("qkv_bias", bias)
+    kwargs.setdefault("o_bias", bias)
+    if kwargs.pop("moe_router_enable_expert_bias", False):
+        kwargs.setdefault("router_bias", "add")
+    if (kwargs.get("partial_rotary_factor") or -1) <= 0:
+        kwargs["partial_rotary_factor"] = 1.0        # the upstream class defaults to -1
+    kwargs["norm_topk_prob"], kwargs["routed_scaling_factor"] = False, 1.0
+    kwargs.setdefault("family", "llada_moe")
+    _pop_unused(kwargs, "moe_router_score_function", "router_num_group", "router_topk_group",
+                "router_aux_loss_coef", "output_router_logits", "attention_dropout",
+                "use_cache")
+
+
 class LLaDAConfig(CelerisConfig):
-    """GSAI-ML/LLaDA-8B-* configs (model_type "llada"), read with their own field names."""
+    """GSAI-ML/LLaDA-8B-* configs (model_type "llada"), read with their own field names, and
+    inclusionAI's LLaDA-MoE configs, which share the model_type (``_llada_moe_fields``).
+    iLLaDA uses the dense layout; its mask id (5) comes from its config.json like LLaDA's."""
 
     model_type = "llada"
 
     def __init__(self, **kwargs) -> None:
+        if "expert_intermediate_size" in kwargs or "moe_layer_freq" in kwargs:
+            _llada_moe_fields(kwargs)
         for theirs, ours in _LLADA_RENAMES.items():
             if theirs in kwargs:
                 value = kwargs.pop(theirs)
@@ -145,6 +296,7 @@ class FastDLLMQwenConfig(CelerisConfig):
         qkv_bias = kwargs.pop("attention_bias", qkv_bias)    # Qwen's spelling
         kwargs.setdefault("attention", "block_causal")
         kwargs.setdefault("block_size", bd_size)
+        kwargs.setdefault("family", "fast_dllm_v2")
         self.bd_size = bd_size
         super().__init__(qkv_bias=qkv_bias, shift_logits=shift_logits, **kwargs)
 
@@ -197,6 +349,87 @@ class LlamaAsBlockConfig(CelerisConfig):
         super().__init__(**kwargs)
 
 
+class SDARMoeConfig(SDARConfig):
+    """JetLM/SDAR-*-A*B configs (model_type "sdar_moe"): SDAR's block-causal Qwen3 attention
+    with Qwen3-MoE's mixture of experts and its keys. A layer is sparse unless listed in
+    ``mlp_only_layers``, when (i + 1) is a multiple of ``decoder_sparse_step``; the router is
+    a softmax over the experts, top-k, renormalised when ``norm_topk_prob``; no shared
+    experts."""
+
+    model_type = "sdar_moe"
+
+    def __init__(self, **kwargs) -> None:
+        _check_plain_rope_and_silu(kwargs)
+        step = kwargs.pop("decoder_sparse_step", 1) or 1
+        dense = set(kwargs.pop("mlp_only_layers", None) or ())
+        layers = kwargs.get("num_hidden_layers", 0)
+        if kwargs.get("num_experts") and "moe_layers" not in kwargs:
+            kwargs["moe_layers"] = [i for i in range(layers)
+                                    if i not in dense and (i + 1) % step == 0]
+        kwargs.setdefault("family", "sdar_moe")
+        _pop_unused(kwargs, "router_aux_loss_coef", "output_router_logits", "use_cache",
+                    "attention_dropout", "use_sliding_window", "sliding_window",
+                    "max_window_layers")
+        super().__init__(**kwargs)
+
+
+class LLaDA2MoeConfig(CelerisConfig):
+    """inclusionAI/LLaDA2.0-*/LLaDA2.1-* configs (model_type "llada2_moe"), as read by their
+    modeling_llada2_moe.py: block-causal attention (blocks of 32 unless the config says
+    ``block_size``), one fused q/k/v projection, per-head q/k RMSNorm (``use_qk_norm``), RoPE
+    on the first ``partial_rotary_factor`` of each head, logits not shifted. The first
+    ``first_k_dense_replace`` layers are dense; the others route with sigmoid scores:
+    ``expert_bias`` picks the experts (the ``n_group`` groups ranked by the sum of their two
+    best biased scores, the best ``topk_group`` kept) but the weights are the unbiased scores
+    of the chosen experts, normalised (top-k > 1) and times ``routed_scaling_factor``; the
+    shared experts are one MLP of ``num_shared_experts * moe_intermediate_size``."""
+
+    model_type = "llada2_moe"
+
+    def __init__(self, **kwargs) -> None:
+        _check_plain_rope_and_silu(kwargs)
+        if "use_qkv_bias" in kwargs or "n_group" in kwargs or "first_k_dense_replace" in kwargs:
+            self._upstream_fields(kwargs)
+        if kwargs.get("block_size") is None:
+            kwargs["block_size"] = kwargs.pop("block_length", None) or 32
+        kwargs.setdefault("attention", "block_causal")
+        kwargs.setdefault("family", "llada2")
+        super().__init__(**kwargs)
+
+    @staticmethod
+    def _upstream_fields(kw: dict) -> None:
+        if not kw.get("num_key_value_heads"):
+            kw["num_key_value_heads"] = None                  # upstream 0: as many as heads
+        kw.setdefault("qkv_bias", bool(kw.pop("use_qkv_bias", False)))
+        kw.setdefault("qk_norm", bool(kw.pop("use_qk_norm", True)))
+        kw.setdefault("o_bias", bool(kw.pop("use_bias", True)))
+        kw.setdefault("fused_qkv", True)
+        kw.setdefault("partial_rotary_factor", 0.5)
+        kw.setdefault("rms_norm_eps", 1e-5)
+        kw.setdefault("max_position_embeddings", 16384)
+        experts = kw.setdefault("num_experts", 16) or 0
+        top_k = kw.setdefault("num_experts_per_tok", 2)
+        first_dense = kw.pop("first_k_dense_replace", 0) or 0
+        layers = kw.get("num_hidden_layers", 24)
+        kw.setdefault("moe_layers", list(range(first_dense, layers)) if experts else [])
+        shared = kw.pop("num_shared_experts", 0) or 0
+        kw.setdefault("shared_expert_intermediate_size",
+                      shared * (kw.get("moe_intermediate_size") or 0))
+        score = kw.pop("score_function", "sigmoid")
+        kw.setdefault("router_score", score)
+        kw.setdefault("router_bias", "select")                # the gate's expert_bias buffer
+        kw.setdefault("router_groups", kw.pop("n_group", 8))
+        kw.setdefault("router_topk_groups", kw.pop("topk_group", 4))
+        kw.setdefault("routed_scaling_factor", 2.5)
+        kw["norm_topk_prob"] = top_k > 1                      # the upstream rule, not the key
+        kw.setdefault("router_fp32", True)
+        _pop_unused(kw, "norm_head", "embedding_dropout", "attention_dropout", "output_dropout",
+                    "use_cache", "use_sliding_window", "sliding_window", "max_window_layers",
+                    "output_router_logits", "moe_router_enable_expert_bias", "router_dtype",
+                    "rotary_dim")
+
+
 CONFIG_CLASSES = {cls.model_type: cls for cls in (CelerisConfig, LLaDAConfig, DreamConfig,
                                                   FastDLLMQwenConfig, SDARConfig,
-                                                  LlamaAsBlockConfig)}
+                                                  LlamaAsBlockConfig, SDARMoeConfig,
+                                                  LLaDA2MoeConfig)}

@@ -5,7 +5,10 @@ with no causal mask. ``config.attention`` decides what a position sees: every re
 (bidirectional: LLaDA, Dream, celeris-tiny) or every earlier block and its own block
 (block_causal: Fast-dLLM v2, SDAR, celeris-tiny-bd; blocks are counted in absolute positions,
 so the mask follows from the RoPE positions alone). Parameter names follow the Qwen2/Qwen3
-spelling; ``weights.py`` maps LLaDA's OLMo-style names onto them.
+spelling; ``weights.py`` maps LLaDA's OLMo-style names and LLaDA2's onto them. The
+mixture-of-experts families swap some layers' MLP for ``moe.SparseMoE``, and may fuse the q/k/v
+projection (LLaDA2), rotate only part of each head (``partial_rotary_factor``), add a bias to
+the output projection or clamp q/k/v (LLaDA-MoE's OLMoE lineage).
 
 A forward may cover only a window of the canvas when a ``KVView`` supplies the keys and values
 of the other positions (the block KV cache); the model itself keeps no state between calls.
@@ -22,9 +25,10 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from ..config import ModelLoadError
-from .configuration import (CelerisConfig, DreamConfig, FastDLLMQwenConfig, LLaDAConfig,
-                            SDARConfig)
-from .packed import PACK_MAX_BYTES, PackedWeights, packed_layers, signed_sin, unpack_rows
+from .configuration import (CelerisConfig, DreamConfig, FastDLLMQwenConfig, LLaDA2MoeConfig,
+                            LLaDAConfig, SDARConfig, SDARMoeConfig)
+from .moe import Experts, Router, SparseMoE, SwiGLU
+from .packed import PACK_MAX_BYTES, PackedWeights, packable, packed_layers, signed_sin, unpack_rows
 from .packed import applies as packed_applies
 
 
@@ -62,6 +66,8 @@ class RMSNorm(nn.Module):
 def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin for rotary embeddings (Su et al. 2021), computed per call in float32.
+    ``head_dim`` is the rotated width (the config's ``rotary_dim``: the whole head, or its
+    first half for LLaDA2, whose frequencies are then those of a head that wide).
 
     Not registered as buffers: transformers 5 builds modules on the meta device and would hand
     back non-persistent buffers as zeros; recomputing is cheap next to the layers.
@@ -74,7 +80,11 @@ def rope_tables(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: 
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, L, heads, D) rotated by the (B, L, 1, D) tables (rotate-half convention)."""
+    """x (B, L, heads, D) rotated by the (B, L, 1, R) tables (rotate-half convention); with
+    R < D (partial rotary) only the first R dims turn and the rest pass unchanged."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :rot], cos, sin), x[..., rot:]], dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -86,10 +96,16 @@ class Attention(nn.Module):
         self.layer = layer
         self.n_heads, self.n_kv, self.head_dim = (cfg.num_attention_heads,
                                                   cfg.num_key_value_heads, cfg.head_dim)
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        H, Hkv, D, C = self.n_heads, self.n_kv, self.head_dim, cfg.hidden_size
+        self.fused = cfg.fused_qkv
+        if self.fused:    # LLaDA2's query_key_value: q, k, v rows one after the other
+            self.qkv_proj = nn.Linear(C, (H + 2 * Hkv) * D, bias=cfg.qkv_bias)
+        else:
+            self.q_proj = nn.Linear(C, H * D, bias=cfg.qkv_bias)
+            self.k_proj = nn.Linear(C, Hkv * D, bias=cfg.qkv_bias)
+            self.v_proj = nn.Linear(C, Hkv * D, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(H * D, C, bias=cfg.o_bias)
+        self.clip = cfg.clip_qkv
         if cfg.qk_norm:   # Qwen3 / SDAR: RMSNorm over each head's queries and keys
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -101,10 +117,12 @@ class Attention(nn.Module):
         """x (B, W, C), or (N, C) packed: the real columns of a (B, W) window (``real``)."""
         lead = x.shape[:-1]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
-        q = self.q_proj(x).view(*lead, H, D)                                       # (., H, D)
-        k = self.k_proj(x).view(*lead, Hkv, D)
-        v = self.v_proj(x).view(*lead, Hkv, D)
-        if self.qk_norm:
+        q, k, v = self._project(x)                                                 # (., H, D)
+        if self.qk_norm and self.clip is not None:    # OLMoE's order: norm, clamp, rotate
+            q, k = self.q_norm(q), self.k_norm(k)
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        elif self.qk_norm:
             q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         else:             # queries and keys rotated in one go: half the small ops
             q, k = apply_rope(torch.cat([q, k], dim=-2), cos, sin).split([H, Hkv], dim=-2)
@@ -118,16 +136,17 @@ class Attention(nn.Module):
         out = out[real] if real is not None else out
         return self.o_proj(out.reshape(*lead, H * D))
 
-
-class SwiGLU(nn.Module):
-    def __init__(self, cfg: CelerisConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def _project(self, x: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        lead, H, Hkv, D = x.shape[:-1], self.n_heads, self.n_kv, self.head_dim
+        if self.fused:
+            return self.qkv_proj(x).view(*lead, H + 2 * Hkv, D).split([H, Hkv, Hkv], dim=-2)
+        q = self.q_proj(x).view(*lead, H, D)
+        k = self.k_proj(x).view(*lead, Hkv, D)
+        v = self.v_proj(x).view(*lead, Hkv, D)
+        if self.clip is not None and not self.qk_norm:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
+        return q, k, v
 
 
 class Block(nn.Module):
@@ -136,7 +155,8 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg)
+        self.mlp = (SparseMoE(cfg) if layer in cfg.moe_layer_ids
+                    else SwiGLU(cfg.hidden_size, cfg.intermediate_size))
 
     def forward(self, x, cos, sin, key_mask, kv, real=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_mask, kv, real)
@@ -181,6 +201,13 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
                     module.bias.zero_()
             elif isinstance(module, RMSNorm):
                 module.weight.fill_(1.0)
+            elif isinstance(module, Router):
+                module.weight.normal_(0.0, std)
+                if module.expert_bias is not None:
+                    module.expert_bias.zero_()
+            elif isinstance(module, Experts):
+                module.gate_up_proj.normal_(0.0, std)
+                module.down_proj.normal_(0.0, std)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
@@ -219,7 +246,7 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
             if packed is None:            # the model left the CPU: module path from now on
                 self._packed = None
         h = F.embedding(input_ids, self.model.embed_tokens.weight)                 # (B, W, C)
-        cos, sin = rope_tables(position_ids, self.config.head_dim, self.config.rope_theta,
+        cos, sin = rope_tables(position_ids, self.config.rotary_dim, self.config.rope_theta,
                                h.dtype)
         # left-padded rows (a batch of windows of different widths): every matmul runs on the
         # real columns only, packed (N, C); attention unpacks them to the (B, W) window
@@ -250,13 +277,15 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
 
     def pack_for_inference(self, max_bytes: int = PACK_MAX_BYTES) -> bool:
         """Decode with packed weights (``packed.py``: fused products in the CPU kernel's own
-        layout) in every forward without gradients or autocast, if the model is on the CPU and
-        has at most ``max_bytes`` of parameters; True when packed. ``unpack_inference()`` goes
-        back to the module path."""
+        layout) in every forward without gradients or autocast, if the model is on the CPU,
+        has at most ``max_bytes`` of parameters and only layers the packed path knows (dense
+        MLPs, whole-head RoPE, separate q/k/v, no output bias or clamp: ``packed.packable``);
+        True when packed. ``unpack_inference()`` goes back to the module path."""
         params = list(self.parameters())
         size = sum(p.numel() * p.element_size() for p in params)
         on_cpu = all(p.device.type == "cpu" for p in params)
-        self._packed = PackedWeights(self) if on_cpu and size <= max_bytes else None
+        fits = on_cpu and size <= max_bytes and packable(self.config)
+        self._packed = PackedWeights(self) if fits else None
         return self._packed is not None
 
     def unpack_inference(self) -> None:
@@ -303,3 +332,11 @@ class FastDLLMQwenModel(CelerisForMaskedDiffusion):
 
 class SDARModel(CelerisForMaskedDiffusion):
     config_class = SDARConfig
+
+
+class SDARMoeForCausalLM(CelerisForMaskedDiffusion):
+    config_class = SDARMoeConfig
+
+
+class LLaDA2MoeModelLM(CelerisForMaskedDiffusion):
+    config_class = LLaDA2MoeConfig

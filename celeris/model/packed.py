@@ -156,6 +156,16 @@ class PackedWeights:
         return self.products.mm(h.reshape(-1, h.shape[-1]), self.head).view(*lead, -1)
 
 
+def packable(config: Any) -> bool:
+    """Whether this path computes the model's function: dense SwiGLU MLPs, RoPE over whole
+    heads, separate q/k/v projections, no output-projection bias and no q/k/v clamp. The
+    mixture-of-experts families (LLaDA2, LLaDA-MoE, SDAR-MoE) keep the module path."""
+    return (not getattr(config, "num_experts", 0)
+            and getattr(config, "rotary_dim", config.head_dim) == config.head_dim
+            and not getattr(config, "fused_qkv", False) and not getattr(config, "o_bias", False)
+            and getattr(config, "clip_qkv", None) is None)
+
+
 def applies() -> bool:
     """Whether this forward may take the packed path: inference (no gradients) and no CPU
     autocast (its bfloat16 activations are for the module path's autocast-aware ops)."""

@@ -2,7 +2,9 @@
 
 The model is built on the meta device (no memory) and each tensor is read memory-mapped from
 safetensors straight into its final dtype and device, so an 8B checkpoint never needs twice its
-size in RAM. Upstream parameter names (LLaDA's OLMo spelling) are renamed on the fly.
+size in RAM. Upstream parameter names (LLaDA's OLMo spelling, LLaDA2's and LLaDA-MoE's) are
+renamed on the fly, and per-expert tensors (``mlp.experts.<e>.gate_proj.weight``, ...) are
+copied into the stacked expert parameters of ``moe.Experts``.
 """
 
 from __future__ import annotations
@@ -34,12 +36,35 @@ LLADA_RENAMES: tuple[tuple[str, str], ...] = (
     (r"^model\.transformer\.ff_out\.", "lm_head."),
 ) + tuple((rf"^model\.transformer\.blocks\.(\d+)\.{theirs}\.", rf"model.layers.\1.{ours}.")
           for theirs, ours in _LLADA_BLOCK.items())
-_LLADA_COMPILED = tuple((re.compile(src), dst) for src, dst in LLADA_RENAMES)
+_LAYER = r"^(model\.layers\.\d+)\."
+# LLaDA-MoE (model_type "llada" too): the shared expert hangs off the layer, the expert bias
+# off the MoE block; ours sit under the MoE block and its router.
+LLADA_MOE_RENAMES: tuple[tuple[str, str], ...] = (
+    (_LAYER + r"shared_expert\.", r"\1.mlp.shared_experts."),
+    (_LAYER + r"mlp\.expert_bias", r"\1.mlp.gate.expert_bias"),
+)
+# LLaDA2.x (Ling/Bailing names): fused query_key_value, dense output, per-head q/k norms.
+LLADA2_RENAMES: tuple[tuple[str, str], ...] = (
+    (r"^model\.word_embeddings\.", "model.embed_tokens."),
+    (_LAYER + r"attention\.query_key_value\.", r"\1.self_attn.qkv_proj."),
+    (_LAYER + r"attention\.dense\.", r"\1.self_attn.o_proj."),
+    (_LAYER + r"attention\.query_layernorm\.", r"\1.self_attn.q_norm."),
+    (_LAYER + r"attention\.key_layernorm\.", r"\1.self_attn.k_norm."),
+)
+# model_type -> its renames (Dream, Fast-dLLM v2, SDAR and SDAR-MoE already use our names)
+RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "llada": LLADA_RENAMES + LLADA_MOE_RENAMES, "llada2_moe": LLADA2_RENAMES,
+}
+_COMPILED = {kind: tuple((re.compile(src), dst) for src, dst in table)
+             for kind, table in RENAMES.items()}
+# one expert's tensor in the upstream (per-expert ModuleList) layout
+_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)"
+                     r"\.weight$")
 
 
-def canonical_name(name: str) -> str:
+def canonical_name(name: str, model_type: str = "llada") -> str:
     """Map an upstream parameter name onto ours (Qwen2/Qwen3 names are already ours)."""
-    for pattern, replacement in _LLADA_COMPILED:
+    for pattern, replacement in _COMPILED.get(model_type, ()):
         name = pattern.sub(replacement, name, count=1)
     return name
 
@@ -150,15 +175,16 @@ def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str =
         model = CelerisForMaskedDiffusion(config)
     expected = dict(model.state_dict())
     state: dict[str, torch.Tensor] = {}
+    experts = ExpertStacker(expected, config, dev, dt, model_dir)
     for name, tensor in iter_tensors(weight_files(model_dir), dev):
-        ours = canonical_name(name)
+        if experts.take(name, tensor):
+            continue
+        ours = canonical_name(name, config.model_type)
         if ours not in expected:
             continue   # e.g. rotary caches or heads we do not use
-        if tuple(tensor.shape) != tuple(expected[ours].shape):
-            raise ModelLoadError(f"tensor {name} has shape {tuple(tensor.shape)} but the config "
-                                 f"in {model_dir / 'config.json'} implies "
-                                 f"{tuple(expected[ours].shape)}")
+        _check_shape(name, tensor, expected[ours], model_dir)
         state[ours] = tensor.to(dt)
+    state.update(experts.finish(state))
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
         state.pop("lm_head.weight", None)
@@ -170,3 +196,57 @@ def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str =
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model.eval(), model_dir
+
+
+def _check_shape(name: str, tensor: torch.Tensor, want: torch.Tensor, model_dir: Path) -> None:
+    if tuple(tensor.shape) != tuple(want.shape):
+        raise ModelLoadError(f"tensor {name} has shape {tuple(tensor.shape)} but the config "
+                             f"in {model_dir / 'config.json'} implies {tuple(want.shape)}")
+
+
+class ExpertStacker:
+    """Copies per-expert checkpoint tensors into the stacked (E, 2I, C) gate/up and (E, C, I)
+    down parameters as they stream past (one expert's slice at a time, so the stacked copy
+    is the only full-size one), and names any expert tensor the checkpoint lacks."""
+
+    def __init__(self, expected: dict[str, torch.Tensor], config: CelerisConfig,
+                 device: torch.device, dtype: torch.dtype, model_dir: Path) -> None:
+        self.expected, self.device, self.dtype, self.dir = expected, device, dtype, model_dir
+        self.experts, self.inter = config.num_experts, config.moe_intermediate_size
+        self.stacks: dict[str, torch.Tensor] = {}
+        self.seen: set[str] = set()
+
+    def take(self, name: str, tensor: torch.Tensor) -> bool:
+        """Copy ``name`` into its stack if it is one expert's tensor of a MoE layer."""
+        match = _EXPERT.match(name)
+        if match is None or f"{match[1]}.down_proj" not in self.expected:
+            return False
+        prefix, e, kind = match[1], int(match[2]), match[3]
+        target = f"{prefix}.{'down_proj' if kind == 'down_proj' else 'gate_up_proj'}"
+        stack = self.stacks.get(target)
+        if stack is None:
+            want = self.expected[target]
+            stack = self.stacks[target] = torch.empty(want.shape, dtype=self.dtype,
+                                                      device=self.device)
+        if e >= self.experts:
+            raise ModelLoadError(f"tensor {name} names expert {e} but the config in "
+                                 f"{self.dir / 'config.json'} has {self.experts} experts")
+        rows = {"gate_proj": slice(0, self.inter), "up_proj": slice(self.inter, None),
+                "down_proj": slice(None)}[kind]
+        _check_shape(name, tensor, stack[e, rows], self.dir)
+        stack[e, rows].copy_(tensor)
+        self.seen.add(name)
+        return True
+
+    def finish(self, stacked: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The stacks, after checking that every expert of every MoE layer whose stacks were
+        not in the checkpoint already (``stacked``: our own layout) was there."""
+        prefixes = sorted(k[:-len(".down_proj")] for k in self.expected
+                          if k.endswith(".mlp.experts.down_proj") and k not in stacked)
+        missing = [f"{p}.{e}.{kind}.weight" for p in prefixes for e in range(self.experts)
+                   for kind in ("gate_proj", "up_proj", "down_proj")
+                   if f"{p}.{e}.{kind}.weight" not in self.seen]
+        if missing:
+            raise ModelLoadError(f"weights in {self.dir} lack {len(missing)} expert tensor(s), "
+                                 f"e.g. {', '.join(missing[:3])}")
+        return self.stacks
