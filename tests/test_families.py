@@ -294,6 +294,9 @@ def test_missing_expert_tensor_is_refused_with_its_upstream_name(tmp_path):
     save_file(state, str(path / "model.safetensors"))
     with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.experts\.5\.down_proj"):
         load_model(path, device="cpu")
+    from transformers import AutoModelForCausalLM    # transformers refuses the short stack
+    with pytest.raises(RuntimeError, match="ignore_mismatched_sizes"):
+        AutoModelForCausalLM.from_pretrained(path)
 
 
 # ------------------------------------------------------------------ the routing rules
