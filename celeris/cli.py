@@ -406,7 +406,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="require this bearer key on /v1 (default: env CELERIS_API_KEY, which "
                         "unlike the flag is not visible in ps)")
     p.add_argument("--max-running", type=int, default=None,
-                   help="requests denoised together in one batch (8)")
+                   help="requests denoised together in one batch (32)")
     p.add_argument("--max-queue", type=int, default=None,
                    help="requests waiting for a slot before new ones get 429 (64)")
     p.add_argument("--request-timeout", type=float, default=None, metavar="S",
@@ -448,9 +448,11 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=None, help="batch size for decode (1)")
     p.add_argument("--repeats", type=int, default=None, help="repeats per length (5)")
     p.add_argument("--concurrency", default=None, metavar="LIST",
-                   help="serve: concurrency levels (1,4,8,16,32)")
+                   help="serve: concurrency levels (1,16)")
+    p.add_argument("--requests", type=int, default=None, metavar="N",
+                   help="serve: requests per concurrency level (twice the highest level)")
     p.add_argument("--max-running", type=int, default=None, metavar="N",
-                   help="requests the engine denoises together (the engine's default, 8)")
+                   help="requests the engine denoises together (the engine's default)")
     p.add_argument("--url", default=None, help="serve: a running server's base URL")
     p.add_argument("--api-key", default=None, help="serve: API key for --url")
     p.add_argument("--tiny", action="store_true", help="gpu: a tiny random config (CPU smoke)")

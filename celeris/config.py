@@ -64,7 +64,7 @@ class EngineConfig:
 
     device: str = "auto"
     dtype: str = "auto"
-    max_running: int = 8
+    max_running: int = 32     # chosen by `bench --suite serve` (docs/BENCHMARKS.md, Serving)
     max_queue: int = 64
     max_prompt_tokens: int = 2048
     request_timeout_s: float = 600.0

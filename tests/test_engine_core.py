@@ -158,3 +158,20 @@ def test_the_shipped_full_attention_model_streams_a_prefix_of_its_capped_answer(
         final = texts[-1]
         assert all(final.startswith(t) for t in texts), (cap, texts)
         assert len(engine.tokenizer.encode(final, add_special_tokens=False)) <= cap
+
+
+@pytest.mark.parametrize("block_size,sub_block", [(32, 8), (4, 4), (12, 6)])
+def test_a_family_gets_its_published_sampler_unless_its_generation_config_says_otherwise(
+        block_size, sub_block):
+    from celeris.engine.families import family_defaults
+    from celeris.engine.layouts import BlockLayout
+    cfg = celeris.FastDLLMQwenConfig(bd_size=block_size, vocab_size=64, hidden_size=32,
+                                     intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=4, mask_token_id=3)
+    layout = BlockLayout(cfg, 3)
+    p = family_defaults(layout, cfg.family, {})
+    assert (p.block_length, p.decoding, p.threshold, p.first_token, p.cache) == (
+        sub_block, "threshold", 0.9, "greedy", "prefix")
+    given = family_defaults(layout, cfg.family, {"threshold": 0.5, "first_token": "policy"})
+    assert (given.threshold, given.first_token, given.block_length) == (0.5, "policy", sub_block)
+    assert family_defaults(layout, None, {}).decoding == celeris.GenerationParams().decoding

@@ -62,8 +62,10 @@ def context_from_args(args: argparse.Namespace) -> BenchContext:
                        block_length=get("block_length", 32), batch=get("batch", 1),
                        repeats=get("repeats", 5), concurrency=_levels(get("concurrency")),
                        url=get("url"), api_key=get("api_key"), tiny=bool(get("tiny", False)),
-                       max_running=get("max_running"),
+                       max_running=get("max_running"), serve_requests=get("requests"),
                        progress=not get("no_progress", False))
+    if ctx.serve_requests is not None and ctx.serve_requests < 1:
+        raise ValueError(f"--requests must be a positive integer, got {ctx.serve_requests}")
     for name in ("n", "gen_length", "block_length", "batch", "repeats"):
         value = getattr(ctx, name)
         if not isinstance(value, int) or value < 1:

@@ -40,7 +40,8 @@ class BenchContext:
     block_length: int = 32
     batch: int = 1
     repeats: int = 5
-    concurrency: tuple[int, ...] = (1, 4, 8, 16, 32)
+    concurrency: tuple[int, ...] = (1, 16)
+    serve_requests: int | None = None   # per concurrency level (None: 2 x the highest)
     url: str | None = None
     api_key: str | None = None
     tiny: bool = False

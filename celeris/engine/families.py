@@ -54,16 +54,31 @@ def read_generation_defaults(model_dir: Path) -> dict[str, Any]:
     return defaults
 
 
-def family_defaults(layout: Any, given: dict[str, Any]) -> GenerationParams:
-    """The request defaults: the checkpoint's generation config over GenerationParams'; a
-    block-causal model uses its block as the sub-block, the exact cache and the adaptive
-    step count unless its generation config says otherwise."""
-    defaults = GenerationParams.from_dict(given)
-    if not layout.block_causal:
-        return defaults
-    changes = {k: v for k, v in (("block_length", layout.block_size), ("cache", "prefix"),
-                                 ("steps", None)) if k not in given}
-    return defaults.replace(**changes) if changes else defaults
+# Each family's published sampler, used where the checkpoint's generation_config.json is
+# silent. Fast-dLLM v2's generate(): sub-blocks of 8, threshold 0.9, the first token of a block
+# greedy; LLaDA2's generate(): threshold 0.95. Both commit strictly above the threshold, as
+# every block-causal layout here does (``BlockLayout.strict_threshold``).
+FAMILY_SAMPLERS: dict[str, dict[str, Any]] = {
+    "fast_dllm_v2": {"block_length": 8, "decoding": "threshold", "threshold": 0.9,
+                     "first_token": "greedy"},
+    "llada2": {"decoding": "threshold", "threshold": 0.95},
+}
+
+
+def family_defaults(layout: Any, family: str | None, given: dict[str, Any]
+                    ) -> GenerationParams:
+    """The request defaults: the checkpoint's generation config, then the family's published
+    sampler, then GenerationParams'. A block-causal model uses its block as the sub-block, the
+    exact cache and the adaptive step count unless told otherwise."""
+    changes: dict[str, Any] = {}
+    if layout.block_causal:
+        changes = {"block_length": layout.block_size, "cache": "prefix", "steps": None}
+    changes.update(FAMILY_SAMPLERS.get(family or "", {}))
+    if layout.block_causal:          # a sub-block must divide the model's block
+        bs = layout.block_size
+        changes["block_length"] = max(d for d in range(1, bs + 1)
+                                      if bs % d == 0 and d <= changes["block_length"])
+    return GenerationParams.from_dict({**changes, **given})
 
 
 def split_infill(text: str, marker: str = "[MASK]") -> list[str]:

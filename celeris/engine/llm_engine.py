@@ -53,7 +53,8 @@ class Engine:
         self.special = tokenizer.special
         self.layout = layout_for(model.config, self.special.mask)
         self.block_causal = self.layout.block_causal
-        self._defaults = family_defaults(self.layout, generation_defaults or {})
+        self._defaults = family_defaults(self.layout, getattr(model.config, "family", None),
+                                         generation_defaults or {})
         self.scheduler = Scheduler(self.config)
         self.runner = Runner(model, self.layout, self.special, self.device,
                              max(4, self.config.max_running))
@@ -113,6 +114,7 @@ class Engine:
             req.pending = req.event(self.special.mask, req.params.block_length)
         if not req.finished:
             self.layout.advance(req)
+            req.note_progress()
 
     def _run(self, batch: list[Request]) -> None:
         """The forward of a step; a failure ends the batch's requests, not the engine."""

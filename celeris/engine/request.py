@@ -181,10 +181,16 @@ class Request:
     def canvas_view(self) -> tuple[int, ...]:
         return tuple(self.seq[self.prompt_len:self.end])
 
-    def event(self, mask_id: int, block_length: int) -> StepEvent:
+    def note_progress(self) -> float:
+        """Seconds since arrival; the first time a block is done (or the request ended) is
+        its time to first block."""
         now = time.perf_counter() - self.arrival
         if self.first_block_s is None and (self.blocks_done > 0 or self.finished):
             self.first_block_s = now
+        return now
+
+    def event(self, mask_id: int, block_length: int) -> StepEvent:
+        now = self.note_progress()
         text, _ = cut_at_stop(self._decoded(), self.params.stop)
         self.text = text if self.finished else settled_text(text, self.params.stop)
         return StepEvent(self.request_id, self.step, self.blocks_done, self.canvas_view(),
