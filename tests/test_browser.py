@@ -49,7 +49,7 @@ def served(tmp_path_factory):
     ar = os.environ.get("CELERIS_UI_TEST_AR") or make_ar_dir(root / "tiny-ar", Path(model))
     engine, error = app.load_engine(model, device="cpu")
     assert error is None, error
-    with running_app(engine, ar_path=str(ar)) as url:
+    with running_app(engine, ar_path=str(ar), allow_model_paths=True) as url:
         yield url
     app.stop_engine(engine)
 

@@ -166,11 +166,17 @@ def _preset(name: str, gen_length: int, block_size: int | None = None,
     return preset
 
 
-def reply_slider(view: Any) -> gr.Slider:
-    """The reply length's range and default for ``view``'s model."""
+def reply_range(view: Any) -> tuple[int, int]:
+    """(max, default) reply length for ``view``'s model."""
     engine = view.engine
-    top, value = reply_bounds(view.context_length(),
-                              engine.default_params().gen_length if engine else None)
+    return reply_bounds(view.context_length(),
+                        engine.default_params().gen_length if engine else None)
+
+
+def reply_slider(view: Any) -> gr.Slider:
+    """The reply length slider's update for ``view``'s model (at event time only: built
+    inside the page, a gr.Slider would be a new component)."""
+    top, value = reply_range(view)
     return gr.Slider(minimum=16, maximum=top, value=value)
 
 
@@ -188,8 +194,8 @@ def create_ui(slot: EngineSlot) -> Follow:
         with gr.Row():
             preset = gr.Radio([DEFAULT_PRESET, *PRESETS], value="fast", label="preset",
                               elem_id="chat-preset")
-            initial = reply_slider(slot)
-            gen_length = gr.Slider(16, initial.maximum, value=initial.value, step=16,
+            top, value = reply_range(slot)
+            gen_length = gr.Slider(16, top, value=value, step=16,
                                    label="reply length (tokens)", elem_id="chat-gen-length",
                                    info="a cap: the model stops at its end of text")
             clear = gr.Button("Clear", scale=0, elem_id="chat-clear")

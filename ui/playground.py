@@ -159,9 +159,10 @@ def after_run(data: dict[str, Any] | None) -> tuple[Any, ...]:
     n = traj.num_steps
     return (gr.Slider(minimum=0, maximum=max(n, 1), value=n, step=1),
             render.replay_caption(traj, n), render.canvas_cells(traj, n),
-            charts.commits_per_step(traj), charts.confidence_chart(traj),
-            charts.unmask_heatmap(traj), gr.DownloadButton(value=write_trajectory(traj),
-                                                           interactive=True))
+            *(gr.Plot(value=fig, visible=True) for fig in (
+                charts.commits_per_step(traj), charts.confidence_chart(traj),
+                charts.unmask_heatmap(traj))),
+            gr.DownloadButton(value=write_trajectory(traj), interactive=True))
 
 
 REPLAY_IDLE = "Replay and charts show a run once it has finished."
@@ -185,8 +186,9 @@ def replay_at(data: dict[str, Any] | None, step: Any) -> tuple[Any, str, Any]:
 def clear_replay() -> tuple[Any, ...]:
     """A new run starts: the replay and charts of the last one go (so that after Stop they
     never show the run before as if it were this one)."""
-    return (None, gr.Slider(minimum=0, maximum=1, value=0, step=1), REPLAY_IDLE, [], None,
-            None, None, gr.DownloadButton(value=None, interactive=False))
+    hidden = gr.Plot(value=None, visible=False)   # an emptied plot kept its old figure
+    return (None, gr.Slider(minimum=0, maximum=1, value=0, step=1), REPLAY_IDLE, [], hidden,
+            hidden, hidden, gr.DownloadButton(value=None, interactive=False))
 
 
 def _replay_section() -> dict[str, Any]:

@@ -15,9 +15,11 @@
 
 The column titles depend on the browser tab's model, so they are outputs: built from the
 default model when the page is built, updated when the tab picks another and sent by every
-race (the last three outputs of ``api_name="race"``; the first seven are unchanged). The runs go one after another,
-so no run slows another down on a shared machine; each column animates while its run is live
-and its numbers are that run's own wall-clock figures.
+race (the last three outputs of ``api_name="race"``; the first seven are unchanged). The runs
+go one after another, so no run slows another down on a shared machine; each column animates
+while its run is live and its numbers are that run's own wall-clock figures. The summary gives
+a tokens/s ratio only where the runs are comparable (long enough answers of similar length,
+both finished or both cut), always with each run's tokens and time.
 """
 
 from __future__ import annotations
