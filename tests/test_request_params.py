@@ -98,3 +98,29 @@ def test_max_tokens_5_gives_exactly_5_tokens_in_a_batch_job(model_dir, tmp_path)
     body = json.loads(out.read_text())["response"]["body"]
     assert body["usage"]["completion_tokens"] == 5
     assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_block_causal_steps_are_per_block_and_refused_in_those_terms():
+    from celeris.request_params import request_params
+    base = GenerationParams(gen_length=256, block_length=4, steps=None)
+    p = request_params({"steps": 2}, base, block_causal=True)
+    assert p.steps == 2 * 64 and p.steps_per_block == 2          # 64 sub-blocks of 4 under the cap
+    assert request_params({"steps": 4, "max_tokens": 10}, base, True).steps_per_block == 4
+    with pytest.raises(ValueError, match=r"steps is per block for a block-causal model: it "
+                                         r"must be in \[1, 4\] \(the block_length\), got 8"):
+        request_params({"steps": 8}, base, block_causal=True)
+    with pytest.raises(ValueError, match="multiple of the number of blocks"):
+        request_params({"steps": 4}, base)                         # full attention: total steps
+
+
+def test_the_server_takes_steps_per_block_from_a_block_model(tmp_path):
+    model = make_tiny_model_dir(tmp_path / "bd", attention="block_causal", block_size=4,
+                                generation_defaults={"gen_length": 64})
+    engine = celeris.Engine.from_pretrained(model, device="cpu")
+    with live_server(create_app(engine, warmup=False)) as url:
+        ok = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "steps": 4,
+                                                        "max_tokens": 12, "suppress_eos": True})
+        bad = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "steps": 5})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["completion_tokens"] == 12
+    assert bad.status_code == 400 and "steps is per block" in bad.json()["error"]["message"]

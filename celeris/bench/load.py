@@ -130,7 +130,8 @@ def _pct(values: list[float], q: int) -> float | None:
 
 def _engine_sender(engine: Engine, reqs: Sequence[LoadRequest], max_tokens: int | None,
                    knobs: dict[str, Any]) -> Any:
-    params = request_params({**knobs, "max_tokens": max_tokens}, engine.default_params())
+    params = request_params({**knobs, "max_tokens": max_tokens}, engine.default_params(),
+                            engine.block_causal)
     chat = engine.tokenizer.has_chat_template
 
     def send(i: int) -> Sample:

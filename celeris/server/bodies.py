@@ -95,7 +95,8 @@ def _field_names() -> set[str]:
 
 
 def generation_params(req: _Knobs, defaults: GenerationParams,
-                      context_length: int | None = None) -> GenerationParams:
+                      context_length: int | None = None,
+                      block_causal: bool = False) -> GenerationParams:
     """GenerationParams for a validated request (the shared request_params mapping). With
     ``context_length`` a length cap outside [1, context - 1] is refused with those numbers;
     prompt tokens + max_tokens may equal the context (the engine checks that per prompt)."""
@@ -107,6 +108,6 @@ def generation_params(req: _Knobs, defaults: GenerationParams,
                       f"context of {context_length} tokens holds the prompt and the answer; "
                       f"prompt + {field} may equal it), got {asked}", field)
     try:
-        return request_params(fields, defaults)
+        return request_params(fields, defaults, block_causal)
     except ValueError as exc:
         raise invalid(str(exc), param_of(str(exc), "max_tokens")) from None

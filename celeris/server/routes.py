@@ -84,7 +84,8 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         raise _unknown_model(req.model, state.model_name)
     prompt_param = "messages" if chat else "prompt"
     prompt = req.to_prompt()
-    params = generation_params(req, aengine.engine.default_params(), state.context_length())
+    params = generation_params(req, aengine.engine.default_params(), state.context_length(),
+                               aengine.engine.block_causal)
     request_id = uuid.uuid4().hex[:16]
     shapes = Shapes(chat, request_id, state.model_name)
     items = aengine.stream(prompt, params, request_id, events=req.stream)
