@@ -280,6 +280,28 @@ def test_an_over_long_message_is_not_kept_and_the_chat_goes_on(page):
     page.screenshot(path=str(ARTIFACTS / "chat-round2.png"))
 
 
+def test_a_message_sent_during_a_reply_waits_in_the_box(shipped, page):
+    from playwright.sync_api import expect
+
+    tab(page, "Chat")
+    page.click("#chat-clear")
+    expect(page.locator("#chat-box [data-testid=user]")).to_have_count(0)
+    hook = slow_down(shipped[1], 0.05)
+    try:
+        send(page, STORY)
+        expect(page.locator("#chat-box [data-testid=bot]")).to_have_count(1)
+        send(page, "Tell me a story about a cat.")
+        expect(page.get_by_text("still answering").first).to_be_visible()
+        expect(page.locator("#chat-message textarea")).to_have_value(
+            "Tell me a story about a cat.")
+    finally:
+        hook.remove()
+    wait_reply(page, 1)
+    page.click("#chat-send")
+    wait_reply(page, 2)
+    assert chat_counts(page) == (2, 2)
+
+
 # ---------------------------------------------------------------------- item 6: race
 def test_race_shows_tokens_and_time_and_withholds_meaningless_ratios(page):
     from playwright.sync_api import expect

@@ -133,6 +133,22 @@ def test_respond_leaves_the_chat_alone_when_there_is_nothing_to_answer():
     assert list(make_respond(slot)(history, "fast", 64, None)) == [(gr.skip(), gr.skip())]
 
 
+def test_a_message_sent_while_the_tab_is_answering_waits_in_the_box():
+    """A second message during a reply got no answer (its answer step was dropped)."""
+    from ui.chat import BUSY, make_add
+
+    slot = EngineSlot(FakeEngine("x"))
+    history = [{"role": "user", "content": "hi"}]
+    rid = slot.begin("s1", slot.engine)
+    with pytest.warns(UserWarning, match="still answering"):
+        assert make_add(slot)("more", history, request("s1")) == (gr.skip(), gr.skip())
+    assert make_add(slot)("more", history, request("s2"))[1][-1]["content"] == "more"
+    slot.end("s1", rid)
+    assert make_add(slot)("more", history, request("s1"))[1] == history + [
+        {"role": "user", "content": "more"}]
+    assert "press Stop" in BUSY
+
+
 def test_an_over_long_message_leaves_the_history_and_goes_back_in_the_box(
         small_context_engine):
     slot = EngineSlot(small_context_engine, frame_interval=0.0)

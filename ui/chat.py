@@ -40,6 +40,22 @@ def add_user_message(message: str, history: list[dict[str, Any]]) -> tuple[Any, 
     return "", list(history or []) + [{"role": "user", "content": message}]
 
 
+BUSY = ("The model is still answering in this tab: wait for the answer, or press Stop, "
+        "then send again (your message is still in the box).")
+
+
+def make_add(slot: EngineSlot):
+    """add_user_message, refused while this tab's last message is being answered: its
+    answer step would be dropped and the message left without a reply."""
+    def add(message: str, history: list[dict[str, Any]], request: gr.Request = None
+            ) -> tuple[Any, Any]:
+        if isinstance(message, str) and message.strip() and slot.running(session_of(request)):
+            gr.Warning(BUSY, title="Still answering")
+            return gr.skip(), gr.skip()
+        return add_user_message(message, history)
+    return add
+
+
 def send_button(message: Any) -> gr.Button:
     """Send is enabled only while there is something to send."""
     return gr.Button(interactive=isinstance(message, str) and bool(message.strip()))
@@ -207,7 +223,7 @@ def create_ui(slot: EngineSlot) -> Follow:
     message.change(send_button, message, send, queue=False, api_visibility="private",
                    show_progress="hidden")
     for trigger in (send.click, message.submit):
-        ev = trigger(add_user_message, [message, chatbot], [message, chatbot],
+        ev = trigger(make_add(slot), [message, chatbot], [message, chatbot],
                      api_visibility="private", show_progress="hidden")
         events.append(ev.then(respond, [chatbot, preset, gen_length], [chatbot, message],
                               api_visibility="private", concurrency_id="engine",

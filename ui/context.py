@@ -287,7 +287,8 @@ class EngineSlot:
             view = self._views.get(key)
             if view is None:
                 view = ModelView(self.load(str(path), device=self.device, dtype=self.dtype))
-                self._views[key] = view
+                with self._lock:   # readers hold _lock only
+                    self._views[key] = view
         return view
 
     def loaded(self, path: str | Path) -> bool:
@@ -314,7 +315,7 @@ class EngineSlot:
 
     def close(self) -> None:
         """Stop every engine the UI loaded (never the /v1 one)."""
-        with self._load_lock:
+        with self._load_lock, self._lock:
             views, self._views = list(self._views.values()), {}
         for view in views:
             if view.engine is not None and view.engine is not self.primary:
