@@ -109,17 +109,21 @@ class Runner:
         n = torch.tensor(lens, device=dev)
         col = torch.arange(W, device=dev)
         lead = W - n                                                             # (R,)
-        real = col[None, :] >= lead[:, None]                                     # (R, W)
-        ids = torch.full((R, W), self.special.pad, dtype=torch.long, device=dev)
-        ids[real] = torch.tensor(list(chain.from_iterable(row[1] for row in rows)),
-                                 dtype=torch.long, device=dev)
+        flat = torch.tensor(list(chain.from_iterable(row[1] for row in rows)),
+                            dtype=torch.long, device=dev)
+        real = None
+        if min(lens) == W:                                                       # no padding
+            ids = flat.view(R, W)
+        else:
+            real = col[None, :] >= lead[:, None]                                 # (R, W)
+            ids = torch.full((R, W), self.special.pad, dtype=torch.long, device=dev)
+            ids[real] = flat
         first = torch.tensor([row[2] for row in rows], device=dev)
         pos = (first[:, None] + col[None, :] - lead[:, None]).clamp_min(0)      # (R, W)
         runs = [(b, W - m + q, slot, f + q, m - q)
                 for b, ((_, _, f, q, slot), m) in enumerate(zip(rows, lens))]
         ends = [self.layout.key_end(r, f, m) for (r, _, f, _, _), m in zip(rows, lens)]
-        view = self.kv.bind_runs([row[4] for row in rows], ends, runs,
-                                 None if min(lens) == W else real)
+        view = self.kv.bind_runs([row[4] for row in rows], ends, runs, real)
         widths = [r.hi - r.lo for r, *_ in rows]
         start = torch.tensor([W - m + r.lo - f for (r, _, f, _, _), m in zip(rows, lens)],
                              device=dev)

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from .reference import BlockStats, block_stats_reference, gumbel_scores
+from .reference import ALL_STATS, BlockStats, block_stats_reference, gumbel_scores
 
 
 def triton_available() -> bool:
@@ -22,13 +22,15 @@ def triton_available() -> bool:
 
 
 def block_stats(logits: torch.Tensor, temperature: torch.Tensor | None = None,
-                uniform: torch.Tensor | None = None) -> BlockStats:
-    """Per row of (N, V) logits: chosen token, its probability, margin and neg-entropy."""
+                uniform: torch.Tensor | None = None,
+                need: tuple[str, ...] = ALL_STATS) -> BlockStats:
+    """Per row of (N, V) logits: chosen token, its probability, margin and neg-entropy
+    (the torch twin computes only the ``need``ed ones; the kernel all in one pass)."""
     if (logits.is_cuda and os.environ.get("CELERIS_KERNELS", "auto") != "torch"
             and triton_available()):
         from .triton_block_stats import block_stats_triton
         return block_stats_triton(logits, temperature, uniform)
-    return block_stats_reference(logits, temperature, uniform)
+    return block_stats_reference(logits, temperature, uniform, need)
 
 
 __all__ = ["BlockStats", "block_stats", "block_stats_reference", "gumbel_scores",

@@ -36,14 +36,25 @@ def gumbel_scores(logits: torch.Tensor, temperature: torch.Tensor, uniform: torc
     return torch.where(t > 0, scores, logits.to(torch.float64))
 
 
+ALL_STATS = ("margin", "negentropy")
+
+
 def block_stats_reference(logits: torch.Tensor, temperature: torch.Tensor | None = None,
-                          uniform: torch.Tensor | None = None) -> BlockStats:
+                          uniform: torch.Tensor | None = None,
+                          need: tuple[str, ...] = ALL_STATS) -> BlockStats:
+    """``need``: which of margin and negentropy to compute (the others come back None; a
+    step whose requests only use low_confidence skips two passes over the vocabulary)."""
     probs = logits.float().softmax(dim=-1)                                      # (N, V)
     if uniform is None or temperature is None:
         x0 = logits.argmax(dim=-1)
     else:
         x0 = gumbel_scores(logits, temperature, uniform).argmax(dim=-1)         # (N,)
     p_x0 = probs.gather(-1, x0[:, None]).squeeze(-1)
-    top2 = probs.topk(2, dim=-1).values                                         # (N, 2)
-    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
-    return BlockStats(x0, p_x0, top2[:, 0] - top2[:, 1], (probs * logp).sum(-1))
+    margin = negentropy = None
+    if "margin" in need:
+        top2 = probs.topk(2, dim=-1).values                                     # (N, 2)
+        margin = top2[:, 0] - top2[:, 1]
+    if "negentropy" in need:
+        logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+        negentropy = (probs * logp).sum(-1)
+    return BlockStats(x0, p_x0, margin, negentropy)

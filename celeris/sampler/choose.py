@@ -47,6 +47,8 @@ class RowKnobs:
         self.any_defer = any(p.defer_eos for p in params)
         self.any_random = any(p.remasking == "random" for p in params)
         self.stop_ids = torch.tensor(tuple(stop_ids), device=device)
+        self.need = tuple(sorted({CONFIDENCES[p.remasking].stat for p in params
+                                  if p.remasking in ("margin", "entropy")}))
         self.groups: dict[str, list] = {}
         for attr, table in (("remasking", CONFIDENCES), ("decoding", SELECTORS)):
             for name in {getattr(p, attr) for p in params}:
@@ -73,9 +75,9 @@ class RowKnobs:
         uniform = None
         if any(g is not None for g in gens):
             uniform = padded_draws(gens, widths, (V,), 0.5, self.device).view(B * W, V)
-        stats = block_stats(logits.reshape(B * W, V),
-                            self.temperature.repeat_interleave(W), uniform)    # (B*W,) each
-        stats = type(stats)(*(t.view(B, W) for t in stats))
+        stats = block_stats(logits.reshape(B * W, V), self.temperature.repeat_interleave(W),
+                            uniform, self.need)                             # (B*W,) each
+        stats = type(stats)(*(None if t is None else t.view(B, W) for t in stats))
         order = None
         if self.any_random:
             gens = [g if p.remasking == "random" else None
