@@ -175,3 +175,17 @@ def test_a_family_gets_its_published_sampler_unless_its_generation_config_says_o
     given = family_defaults(layout, cfg.family, {"threshold": 0.5, "first_token": "policy"})
     assert (given.threshold, given.first_token, given.block_length) == (0.5, "policy", sub_block)
     assert family_defaults(layout, None, {}).decoding == celeris.GenerationParams().decoding
+
+
+def test_a_full_attention_canvas_never_runs_past_the_context(canvas_model):
+    """prompt + gen_length may equal the context; the block rounding must not push the
+    canvas past it (the last block is cut instead)."""
+    engine = bare_engine(canvas_model, 3, 0, (2,), max_prompt_tokens=8192)
+    context = canvas_model.config.max_position_embeddings
+    prompt = [5] * (context - 12)
+    params = celeris.GenerationParams(gen_length=12, block_length=32, suppress_eos=True)
+    outs = run_requests(engine, [("edge", prompt, params, 0)])
+    assert len(outs["edge"][-1].canvas) == 12 and 3 not in outs["edge"][-1].canvas
+    assert outs["edge"][-1].finish == "length"
+    with pytest.raises(celeris.ContextLengthError):
+        engine.generate(prompt, params.replace(gen_length=13))

@@ -43,13 +43,17 @@ class CanvasLayout:
 
     def __init__(self, config: Any, mask: int) -> None:
         self.mask, self.shift = mask, 1 if getattr(config, "shift_logits", False) else 0
+        self.context = int(config.max_position_embeddings)
 
     def stops_at_eos(self, req: Request) -> bool:
         return req.params.early_stop
 
     def start(self, req: Request) -> None:
+        """The canvas is gen_length rounded up to whole blocks, but never past the context:
+        a request that fits (prompt + gen_length <= context) gets a shorter last block."""
         p, mask = req.params, self.mask
-        canvas = list(req.canvas) if req.canvas is not None else [mask] * p.canvas_length
+        width = min(p.canvas_length, self.context - req.prompt_len)
+        canvas = list(req.canvas) if req.canvas is not None else [mask] * width
         req.seq = list(req.prompt_ids) + canvas
         req.end, req.todo, req.unit = len(req.seq), canvas.count(mask), -1
         self._next_block(req)
@@ -60,7 +64,7 @@ class CanvasLayout:
         while req.unit + 1 < p.num_blocks:
             req.unit += 1
             req.lo = req.prompt_len + req.unit * bl
-            req.hi = req.lo + bl
+            req.hi = min(req.lo + bl, req.end)
             masked = req.seq[req.lo:req.hi].count(self.mask)
             if masked:
                 req.fresh, req.blocks_done = True, req.unit
