@@ -53,3 +53,10 @@ def wait_until_ready(url: str, timeout_s: float = 30.0) -> None:
 def slow_down(engine: Any, seconds: float) -> Any:
     """Make every model forward take at least ``seconds`` (returns the hook handle)."""
     return engine.model.register_forward_pre_hook(lambda *_: time.sleep(seconds))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 import app
+from tests.live_server import free_port
 from tests.tiny_model import make_tiny_model_dir
 from ui.render import parse_cell
 
@@ -26,12 +27,6 @@ PROMPT = "Once upon a time"
 # prompt, as_chat, steps, temperature, gen_length, block_length, threshold, decoding,
 # remasking, cache, seed
 SETTINGS = (0, 0.0, 32, 8, 0.9, "fixed", "low_confidence", "none", 5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_ar_dir(path: Path, tokenizer_from: Path) -> Path:

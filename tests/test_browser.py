@@ -11,6 +11,7 @@ random tiny ones, e.g. to refresh assets/playground.png.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -54,18 +55,26 @@ def served(tmp_path_factory):
     app.stop_engine(engine)
 
 
-@pytest.fixture(scope="module")
-def browser(chromium_path):
-    """One headless Chromium for the module (one sync Playwright per thread at a time)."""
+@contextlib.contextmanager
+def chromium(chromium_path: str, timeout_ms: int):
+    """A headless Chromium (one sync Playwright per thread at a time); retrying assertions
+    wait up to ``timeout_ms``."""
     from playwright.sync_api import expect, sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path, headless=True,
                                     args=CHROMIUM_ARGS)
-        expect.set_options(timeout=30_000)
+        expect.set_options(timeout=timeout_ms)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_path):
+    """One headless Chromium for the module."""
+    with chromium(chromium_path, 30_000) as b:
+        yield b
 
 
 def open_page(browser, url: str):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.live_server import slow_down
 from tests.test_app import running_app
-from tests.test_browser import ARTIFACTS, CHROMIUM_ARGS, error_pills, set_choice, set_number, \
+from tests.test_browser import ARTIFACTS, chromium, error_pills, set_choice, set_number, \
     state
 
 pytestmark = pytest.mark.browser
@@ -42,15 +42,8 @@ def shipped():
 
 @pytest.fixture(scope="module")
 def browser(chromium_path):
-    from playwright.sync_api import expect, sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium_path, headless=True,
-                                    args=CHROMIUM_ARGS)
-        expect.set_options(timeout=60_000)
-        yield browser
-        browser.close()
+    with chromium(chromium_path, 60_000) as b:
+        yield b
 
 
 def visit(browser, url: str, width: int = 1400, height: int = 1000):

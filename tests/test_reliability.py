@@ -22,7 +22,7 @@ import pytest
 import celeris
 from celeris import cli
 from celeris.server import create_app, state as server_state
-from tests.live_server import live_server, slow_down
+from tests.live_server import free_port, live_server, slow_down
 from tests.tiny_model import make_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,12 +41,6 @@ def engine(model_dir):
     engine = celeris.Engine.from_pretrained(model_dir, device="cpu")
     yield engine
     engine.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metric(url: str, line_start: str) -> float | None:

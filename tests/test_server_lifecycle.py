@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from starlette.responses import PlainTextResponse
 import celeris
 from celeris.bench.load import bench_serve
 from celeris.server import create_app
-from tests.live_server import live_server, slow_down, wait_until_ready
+from tests.live_server import free_port, live_server, slow_down, wait_until_ready
 from tests.tiny_model import make_tiny_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,12 +34,6 @@ def engine(model_dir):
     engine = celeris.Engine.from_pretrained(model_dir, device="cpu")
     yield engine
     engine.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(condition, timeout_s=5.0) -> bool:
