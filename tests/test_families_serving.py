@@ -121,3 +121,16 @@ def test_streamed_completion_concatenates_to_the_non_streamed_text(served):
     for data in lines[:-1]:
         deltas.append(json.loads(data)["choices"][0]["text"])
     assert full["choices"][0]["text"] and "".join(deltas) == full["choices"][0]["text"]
+
+
+FAMILY_NAMES = {"llada2": "LLaDA2.x (MoE)", "llada_moe": "LLaDA-MoE", "sdar_moe": "SDAR-MoE",
+                "illada": "LLaDA", "fast_dllm_v2": "Fast-dLLM v2"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_NAMES))
+def test_the_model_tab_names_the_family_of_the_loaded_model(family, tmp_path):
+    from ui import render
+    engine = Engine.from_pretrained(write_family(tmp_path / family, family), device="cpu")
+    info = engine.info()
+    assert info["family"] == FAMILY_NAMES[family]
+    assert f"| family | `{FAMILY_NAMES[family]}` |" in render.model_markdown(info)

@@ -224,15 +224,15 @@ def model_markdown(info: dict[str, Any] | None, error: str | None = None) -> str
         return f"**No model loaded.** {escape_text(error or '')}"
     mem, label = memory_gauge(info)
     rows = [("name", info.get("model")), ("path", info.get("path")),
-            ("architecture", info.get("architecture")),
+            ("family", info.get("family")), ("architecture", info.get("architecture")),
             ("parameters", f"{info.get('parameters', 0) / 1e6:.2f} M"),
             ("dtype", info.get("dtype")), ("device", info.get("device")),
             ("context length", info.get("context_length")), (label, mem)]
     if info.get("attention") == "block_causal":
-        rows.insert(3, ("attention", f"block-causal (block diffusion), blocks of "
+        rows.insert(4, ("attention", f"block-causal (block diffusion), blocks of "
                                      f"{info.get('block_size')}"))
     elif info.get("attention"):
-        rows.insert(3, ("attention", "full (one answer canvas)"))
+        rows.insert(4, ("attention", "full (one answer canvas)"))
     lines = ["| property | value |", "|---|---|"] + [f"| {k} | `{v}` |" for k, v in rows]
     defaults = info.get("defaults") or {}
     if defaults:

@@ -65,6 +65,19 @@ FAMILY_SAMPLERS: dict[str, dict[str, Any]] = {
 }
 
 
+# What the playground and /info call a checkpoint's family (config.family, else model_type).
+FAMILY_NAMES = {"llada2": "LLaDA2.x (MoE)", "llada_moe": "LLaDA-MoE", "sdar_moe": "SDAR-MoE",
+                "fast_dllm_v2": "Fast-dLLM v2", "Fast_dLLM_Qwen": "Fast-dLLM v2",
+                "llada": "LLaDA", "Dream": "Dream", "sdar": "SDAR", "celeris": "Celeris tiny",
+                "llama": "Llama (autoregressive)"}
+
+
+def family_name(config: Any) -> str:
+    family = getattr(config, "family", None)
+    return FAMILY_NAMES.get(family or "") or FAMILY_NAMES.get(config.model_type) or \
+        str(config.model_type)
+
+
 def family_defaults(layout: Any, family: str | None, given: dict[str, Any]
                     ) -> GenerationParams:
     """The request defaults: the checkpoint's generation config, then the family's published

@@ -28,8 +28,8 @@ from ..model import load_model
 from ..outputs import GenerationResult, StepEvent, StepTiming
 from ..params import GenerationParams
 from ..tokenizer import Messages, Tokenizer
-from .families import (DEFAULT_MODEL, ContextLengthError, family_defaults, infill_refusal,
-                       memory_info, read_generation_defaults, split_infill)
+from .families import (DEFAULT_MODEL, ContextLengthError, family_defaults, family_name,
+                       infill_refusal, memory_info, read_generation_defaults, split_infill)
 from .layouts import layout_for
 from .request import Request, Status
 from .runner import Runner
@@ -353,7 +353,8 @@ class Engine:
         cfg = self.model.config
         n_params = sum(p.numel() for p in self.model.parameters())
         out = {"model": self.model_dir.name, "path": str(self.model_dir),
-               "architecture": cfg.model_type, "parameters": n_params,
+               "architecture": cfg.model_type, "family": family_name(cfg),
+               "parameters": n_params,
                "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                "device": str(self.device), "context_length": cfg.max_position_embeddings,
                "attention": "block_causal" if self.block_causal else "bidirectional",
