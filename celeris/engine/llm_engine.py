@@ -30,6 +30,7 @@ from ..params import GenerationParams
 from ..tokenizer import Messages, Tokenizer
 from .families import (DEFAULT_MODEL, ContextLengthError, family_defaults, family_name,
                        infill_refusal, memory_info, read_generation_defaults, split_infill)
+from .infill import infill_canvas
 from .layouts import layout_for
 from .request import Request, Status
 from .runner import Runner
@@ -215,28 +216,10 @@ class Engine:
 
     def infill_request(self, text: str, params: GenerationParams | None, span: int,
                        marker: str) -> tuple[list[int], list[int], GenerationParams]:
+        """(prompt ids, pinned canvas, params) for an infill text (``infill.py``)."""
         if self.block_causal:
             raise ValueError(infill_refusal(self.model_dir.name))
-        if not isinstance(span, int) or not 1 <= span <= 64:
-            raise ValueError(f"span must be an integer in [1, 64], got {span!r}")
-        parts = split_infill(text, marker)
-        if len(parts) < 2:
-            raise ValueError(f"infill text must contain at least one {marker} span")
-        mask, eos = self.special.mask, self.special.stop[0]
-        ids = self.tokenizer.encode(parts[0]) if parts[0] else []
-        canvas: list[int] = []
-        for part in parts[1:]:
-            # pinned text inside the canvas: no BOS in the middle of the sequence
-            canvas += [mask] * span + (self.tokenizer.encode(part, add_special_tokens=False)
-                                       if part else [])
-        if not ids:   # a leading span: the first pinned token becomes the prompt
-            ids = [self.special.pad]
-        params = params or self._defaults
-        bl = min(params.block_length, 32)
-        gen = -(-len(canvas) // bl) * bl
-        canvas += [eos] * (gen - len(canvas))       # pinned end of text
-        params = params.replace(gen_length=gen, block_length=bl, steps=None)
-        return ids, canvas, params
+        return infill_canvas(self.tokenizer, text, params or self._defaults, span, marker)
 
     def generate(self, prompt: Prompt, params: GenerationParams | None = None,
                  request_id: str | None = None) -> GenerationResult:
