@@ -71,6 +71,9 @@ class Runner:
     # ------------------------------------------------------------ the step
     def run(self, reqs: list[Request]) -> None:
         """Forward, choose, commit: every request in ``reqs`` advances one step."""
+        # rows in slot order: consecutive slots are read as one view of the cache instead
+        # of a gather copying every row's keys in every layer
+        reqs = sorted(reqs, key=lambda r: r.slot)
         mask, dev = self.special.mask, self.device
         rows = [(r, *self.layout.window(r), r.slot) for r in reqs]
         twins = [r for r in reqs if r.uncond_slot >= 0]
