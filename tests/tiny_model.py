@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|eos|>", "<|mask|>", "<|user|>", "<|assistant|>",
                   "<|system|>", "<|eot|>")
@@ -63,15 +63,16 @@ def make_tiny_model_dir(path: str | Path, shift_logits: bool = False, seed: int 
     return path
 
 
-def _train_tokenizer(merges: int) -> Any:
-    """Byte-level BPE: 256 byte tokens + the special tokens + ``merges`` merges."""
+def _train_tokenizer(merges: int, special_tokens: Sequence[str] = SPECIAL_TOKENS) -> Any:
+    """Byte-level BPE: 256 byte tokens + the special tokens (ids 0.. in order) + ``merges``
+    merges."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=256 + len(SPECIAL_TOKENS) + merges, special_tokens=list(SPECIAL_TOKENS),
+        vocab_size=256 + len(special_tokens) + merges, special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(CORPUS, trainer=trainer)
     return tok
@@ -110,16 +111,9 @@ def write_family_tokenizer(path: str | Path, special_tokens: list[str], merges: 
     and whose roles are only those ``named`` (e.g. ``eos_token="<|endoftext|>"``): a
     published family's tokenizer in miniature, with no mask token named unless asked.
     Returns the vocabulary."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=256 + len(special_tokens) + merges, special_tokens=list(special_tokens),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok = _train_tokenizer(merges, special_tokens)
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, **named)
     hf_tok.save_pretrained(str(path))
     return hf_tok.get_vocab()
