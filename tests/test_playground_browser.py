@@ -7,6 +7,7 @@ full-canvas one offered next to it); screenshots go to artifacts/ (git-ignored).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -135,8 +136,13 @@ def test_the_replay_step_box_clamps_a_value_beyond_the_run(page):
     page.fill("#pg-prompt textarea", STORY)
     page.click("#pg-generate")
     expect(state(page)).to_have_text("done")
-    expect(page.locator("#pg-caption")).to_contain_text("step")
-    last = int(page.locator("#pg-scrub input[type=range]").get_attribute("max"))
+    caption = page.locator("#pg-caption")
+    expect(caption).to_contain_text(re.compile(r"step \d+ of \d+"))
+    # The caption and the slider are separate components that may update in
+    # either order: read the run's length from the caption, then wait for the
+    # slider to agree before typing past its end.
+    last = int(re.search(r"step \d+ of (\d+)", caption.inner_text()).group(1))
+    expect(page.locator("#pg-scrub input[type=range]")).to_have_attribute("max", str(last))
     box = page.locator("#pg-scrub input[type=number]")
     box.fill("9999")
     box.press("Enter")
