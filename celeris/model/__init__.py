@@ -4,13 +4,16 @@ Importing this package registers our configs and models with transformers' Auto 
 ``AutoModel.from_pretrained(path)`` works for celeris, LLaDA (and LLaDA-MoE, iLLaDA), Dream,
 Fast-dLLM v2, SDAR, SDAR-MoE and LLaDA2.x directories without ``trust_remote_code``, with the
 upstream parameter names mapped onto ours (the same tables ``load_model`` uses), per-expert
-tensors merged into our stacked experts, and a missing weight refused by name.
+tensors merged into our stacked experts, and a missing weight refused by name. DiffusionGemma
+(``diffusion_gemma.py``) loads through ``load_model`` only: transformers has its own class.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
-from .configuration import (CONFIG_CLASSES, CelerisConfig, DreamConfig, FastDLLMQwenConfig,
-                            LLaDA2MoeConfig, LLaDAConfig, SDARConfig, SDARMoeConfig)
+from .configuration import (CONFIG_CLASSES, CelerisConfig, DiffusionGemmaConfig, DreamConfig,
+                            FastDLLMQwenConfig, LLaDA2MoeConfig, LLaDAConfig, SDARConfig,
+                            SDARMoeConfig)
+from .diffusion_gemma import DiffusionGemmaForBlockDiffusion, GemmaCache
 from .modeling import (CelerisForMaskedDiffusion, DreamModel, FastDLLMQwenModel, KVView,
                        LLaDA2MoeModelLM, LLaDAModelLM, SDARModel, SDARMoeForCausalLM)
 from .weights import RENAMES, canonical_name, load_model, resolve_device, resolve_dtype
@@ -64,5 +67,6 @@ _register()
 __all__ = ["CelerisConfig", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig", "SDARConfig",
            "SDARMoeConfig", "LLaDA2MoeConfig", "CelerisForMaskedDiffusion", "LLaDAModelLM",
            "DreamModel", "FastDLLMQwenModel", "SDARModel", "SDARMoeForCausalLM",
-           "LLaDA2MoeModelLM", "KVView", "load_model", "canonical_name",
+           "LLaDA2MoeModelLM", "DiffusionGemmaConfig", "DiffusionGemmaForBlockDiffusion",
+           "GemmaCache", "KVView", "load_model", "canonical_name",
            "resolve_device", "resolve_dtype", "CONFIG_CLASSES"]

@@ -88,10 +88,12 @@ class Router(nn.Module):
 
 class Experts(nn.Module):
     """E stacked SwiGLU experts: ``gate_up_proj`` (E, 2I, C) holds each expert's gate rows
-    then its up rows, ``down_proj`` (E, C, I) (nn.Linear's (out, in) per expert)."""
+    then its up rows, ``down_proj`` (E, C, I) (nn.Linear's (out, in) per expert). ``act`` is
+    the gate's activation (SiLU; DiffusionGemma's experts use tanh-approximated GELU)."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, act=F.silu) -> None:
         super().__init__()
+        self.act = act
         E, C, I = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, C))
         self.down_proj = nn.Parameter(torch.empty(E, C, I))
@@ -121,7 +123,7 @@ class Experts(nn.Module):
             if n:
                 rows = xs[start:start + n]
                 gate, up = F.linear(rows, self.gate_up_proj[e]).chunk(2, dim=-1)
-                ys[start:start + n] = F.linear(F.silu(gate) * up, self.down_proj[e])
+                ys[start:start + n] = F.linear(self.act(gate) * up, self.down_proj[e])
                 start += n
         return ys
 
@@ -130,7 +132,7 @@ class Experts(nn.Module):
         offs = counts.cumsum(0).to(torch.int32)                                    # (E,)
         h = torch._grouped_mm(xs, self.gate_up_proj.transpose(1, 2), offs=offs)   # (N k, 2I)
         gate, up = h.chunk(2, dim=-1)
-        return torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
+        return torch._grouped_mm(self.act(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
 
 
 class SparseMoE(nn.Module):

@@ -18,7 +18,8 @@ from typing import Iterator
 import torch
 
 from ..config import ModelLoadError, normalize_device, normalize_dtype
-from .configuration import CONFIG_CLASSES, CelerisConfig
+from .configuration import CONFIG_CLASSES, CelerisConfig, DiffusionGemmaConfig
+from .diffusion_gemma import load_diffusion_gemma
 from .modeling import CelerisForMaskedDiffusion
 
 _LLADA_BLOCK = {
@@ -171,6 +172,9 @@ def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str =
     config = load_config(model_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    if isinstance(config, DiffusionGemmaConfig):     # encoder + canvas decoder: its own model
+        return load_diffusion_gemma(config, iter_tensors(weight_files(model_dir), dev), dev,
+                                    dt, model_dir), model_dir
     with torch.device("meta"):
         model = CelerisForMaskedDiffusion(config)
     expected = dict(model.state_dict())
