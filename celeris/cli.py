@@ -32,6 +32,9 @@ _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--factor", "factor", float, "factor for --decoding factor"),
     ("--cache", "cache", str, "block KV cache: none, prefix, dual"),
     ("--cfg-scale", "cfg_scale", float, "classifier-free guidance scale (0 = off)"),
+    ("--edit-threshold", "edit_threshold", float, "block-causal models: token editing "
+     "(LLaDA2.1), replace a committed token of the current block when the model's choice "
+     "there differs with probability above this (off unless the model's config sets it)"),
     ("--seed", "seed", int, "noise seed (default: random, reported in --json)"),
 )
 _STOP_FIELD = "stop"
@@ -109,19 +112,11 @@ def cmd_recipe(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     if args.recipe:
         return cmd_recipe(args)
-    if args.out is None:
-        return error("train needs --out DIR (or --recipe FILE)")
-    if args.snapshot:
-        from celeris.train import snapshot
-        try:
-            info = snapshot(args.out, args.snapshot)
-        except user_errors() as exc:
-            return error(exc)
-        print(f"snapshot of {info['snapshot_of']} (step {info['step']}) -> {args.snapshot}")
-        return 0
+    if args.out is None or args.steps is None:
+        return error("train needs --out DIR and --steps N (or --recipe FILE)")
     from celeris.train import train
     try:
-        summary = train(out=args.out, minutes=args.minutes, steps=args.steps,
+        summary = train(out=args.out, steps=args.steps,
                         device=args.device, resume=args.resume, seed=args.seed,
                         kind=args.kind, preset=args.preset, init_from=args.init_from,
                         **{k: v for k, v in (("lr", args.lr), ("mix", args.mix),
@@ -292,13 +287,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "and score its card on a few problems (with --steps-scale 0.01: "
                         "every stage in about a minute)")
     p.add_argument("--out", default=None, help="output model directory")
-    p.add_argument("--minutes", type=float, default=None, help="wall-clock budget")
-    p.add_argument("--steps", type=int, default=None, help="optimizer step budget")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    p.add_argument("--snapshot", default=None, metavar="DIR",
-                   help="do not train: write the latest checkpoint of the run in --out as a "
-                        "model directory DIR (to eval or bench a run while it trains)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kind", default="diffusion", choices=("diffusion", "ar", "bd"),
                    help="diffusion (full attention), ar (the twin) or bd (block diffusion)")

@@ -132,43 +132,21 @@ def test_train_dispatch(monkeypatch, capsys):
         return {"steps": 10, "val_loss": 4.123456, "history": [1, 2]}
 
     _fake_train_module(monkeypatch, train=train)
-    assert cli.main(["train", "--out", "models/x", "--minutes", "1.5", "--kind", "ar"]) == 0
-    assert calls == [{"out": "models/x", "minutes": 1.5, "steps": None, "device": "cpu",
+    assert cli.main(["train", "--out", "models/x", "--steps", "15", "--kind", "ar"]) == 0
+    assert calls == [{"out": "models/x", "steps": 15, "device": "cpu",
                       "resume": False, "seed": 0, "kind": "ar", "preset": None,
                       "init_from": None}]
     out = capsys.readouterr().out.strip()
     assert out.count("\n") == 0 and "steps=10" in out and "val_loss=4.123" in out
     assert cli.main(["train", "--out", "models/y", "--steps", "40", "--init-from", "models/x",
                      "--lr", "1e-3"]) == 0
-    assert calls[-1] == {"out": "models/y", "minutes": None, "steps": 40, "device": "cpu",
+    assert calls[-1] == {"out": "models/y", "steps": 40, "device": "cpu",
                          "resume": False, "seed": 0, "kind": "diffusion", "preset": None,
                          "init_from": "models/x", "lr": 1e-3}
     assert cli.main(["train", "--out", "models/z", "--steps", "40", "--mix", "story=0.4",
                      "--semi-ar-prob", "0.5"]) == 0
     assert calls[-1]["mix"] == "story=0.4" and calls[-1]["semi_ar_prob"] == 0.5
     assert "lr" not in calls[-1]
-
-
-def test_train_snapshot_option(monkeypatch, capsys):
-    calls = []
-
-    def train(**kwargs):
-        calls.append(kwargs)
-        return {"steps": 2}
-
-    def snapshot(out, dest):
-        if dest == "bad":
-            raise FileNotFoundError(f"snapshot: no checkpoint under {out}/checkpoints")
-        return {"snapshot_of": f"{out}/checkpoints/step_0000200.pt", "step": 200}
-
-    _fake_train_module(monkeypatch, train=train, snapshot=snapshot)
-    assert cli.main(["train", "--out", "runs/a", "--steps", "4", "--kind", "bd"]) == 0
-    assert calls[-1]["kind"] == "bd" and "copy_weight" not in calls[-1]
-    capsys.readouterr()
-    assert cli.main(["train", "--out", "runs/a", "--snapshot", "runs/a-200"]) == 0
-    assert "(step 200) -> runs/a-200" in capsys.readouterr().out and len(calls) == 1
-    assert cli.main(["train", "--out", "runs/a", "--snapshot", "bad"]) == 2
-    assert "no checkpoint under runs/a/checkpoints" in capsys.readouterr().err
 
 
 def test_eval_dispatch_table_and_json(monkeypatch, capsys):

@@ -7,8 +7,8 @@ from celeris.train.corpus import heldout_stories, stories, story
 from celeris.train.evaluate import evaluate
 from celeris.train.stream import Item, Mix, Stream
 from celeris.train.tasks import TASKS, Example, eval_examples, make_examples, score, split_of
-from celeris.train.trainer import PRESETS, TRAIN_PRESETS, snapshot, train
+from celeris.train.trainer import PRESETS, TRAIN_PRESETS, train
 
-__all__ = ["train", "snapshot", "evaluate", "PRESETS", "TRAIN_PRESETS", "TASKS", "Example",
+__all__ = ["train", "evaluate", "PRESETS", "TRAIN_PRESETS", "TASKS", "Example",
            "make_examples", "eval_examples", "score", "split_of", "story", "stories",
            "heldout_stories", "Stream", "Mix", "Item"]

@@ -15,7 +15,6 @@ from typing import Any
 from celeris.train.storycheck import fill_item, infill_items, sentences, story_blocks
 from celeris.train.stream import describe
 from celeris.train.tasks import ADD_DIGITS, ITEM_MAX, LIST_MAX, LIST_MIN
-from celeris.train.trainer import TRAIN_PRESETS
 
 LIMITATIONS = (
     "A few-million-parameter model trained on a 2-core CPU for the time stated under Training: "
@@ -45,61 +44,10 @@ DIFFUSION_LIMITATIONS = (
 )
 
 
-def _train_command(log: dict[str, Any]) -> str:
-    kind = f" --kind {log['kind']}" if log.get("kind") in ("ar", "bd") else ""
-    extra = f" --init-from {log['init_from']}" if log.get("init_from") else ""
-    tc = log.get("train_config") or {}
-    lr = tc.get("lr")
-    default_lr = TRAIN_PRESETS.get(log.get("preset") or "tiny", {}).get("lr")
-    if lr is not None and lr != default_lr:
-        extra += f" --lr {lr:g}"
-    if tc.get("mix"):
-        extra += " --mix " + ",".join(f"{k}={v:g}" for k, v in tc["mix"].items())
-    if tc.get("semi_ar_prob"):
-        extra += f" --semi-ar-prob {tc['semi_ar_prob']:g}"
-    extra += _bd_options(log.get("kind"), tc)
-    return (f"CELERIS_THREADS={log.get('threads', 1)} python -m celeris train{kind} "
-            f"--out {log.get('out')} --steps {log.get('steps')} --seed {log.get('seed')}{extra}")
-
-
-def _bd_options(kind: str | None, tc: dict[str, Any]) -> str:
-    """The block-diffusion and self-distillation options of a run's command, where set."""
-    extra = ""
-    if kind == "bd" and tc.get("block_size"):
-        extra += f" --block-size {tc['block_size']}"
-    if tc.get("certainty"):
-        extra += f" --certainty {tc['certainty']:g}"
-    if tc.get("masking", "random") != "random":
-        extra += f" --masking {tc['masking']}"
-    if tc.get("selfgen"):
-        extra += f" --selfgen {tc['selfgen']} --selfgen-prob {tc.get('selfgen_prob', 0):g}"
-    return extra
-
-
-def _init_lines(log: dict[str, Any]) -> list[str]:
-    """One line per earlier run this model starts from (oldest last), then the total."""
-    chain, info = [], log.get("init_info")
-    while info:
-        chain.append(info)
-        info = info.get("init_info")
-    if not chain:
-        return []
-    lines = []
-    for i, info in enumerate(chain):
-        child = log if i == 0 else chain[i - 1]          # the run that started from ``info``
-        how = ("AR-to-diffusion adaptation, as Dream-7B from Qwen2.5"
-               if info.get("kind") == "ar" and child.get("kind") != "ar"
-               else "continued training")
-        command = (f"; its command: `{_train_command(info)}`" if info.get("out") else "")
-        lines.append(f"- {'initialised' if i == 0 else 'which was initialised'} from "
-                     f"`{info.get('path')}` ({info.get('kind')} model: {info.get('steps')} "
-                     f"steps, {info.get('tokens_seen') or 0:,} tokens, "
-                     f"{(info.get('wall_time_s') or 0) / 60:.1f} min{command}) ({how})")
-    runs = [log, *chain]
-    total = sum((r.get("wall_time_s") or 0) for r in runs) / 60
-    lines.append(f"- total training compute is the sum of all {len(runs)} runs: "
-                 f"{sum((r.get('tokens_seen') or 0) for r in runs):,} tokens, {total:.1f} min")
-    return lines
+def _run_lines(log: dict[str, Any]) -> list[str]:
+    """The Training section of a model not made by a recipe."""
+    start = f"started from `{log['init_from']}`" if log.get("init_from") else "trained from scratch"
+    return [f"- {start}; every setting is in `train_log.json` beside these weights"]
 
 
 def _objective_lines(log: dict[str, Any]) -> list[str]:
@@ -214,9 +162,13 @@ def _recipe_lines(recipe: Path) -> list[str]:
 
 
 def write_card(model_dir: str | Path, report: dict[str, Any],
-               samples: list[dict[str, Any]] | None = None, *, command: str = "",
+               samples: list[dict[str, Any]] | None = None, *,
                recipe: Path | None = None) -> Path:
+    """README.md and eval.json in ``model_dir``; ``recipe`` (default: ``recipe.toml`` beside
+    the weights, when there is one) is quoted in the Training section."""
     model_dir = Path(model_dir)
+    if recipe is None and (model_dir / "recipe.toml").is_file():
+        recipe = model_dir / "recipe.toml"
     log = json.loads((model_dir / "train_log.json").read_text())
     config = json.loads((model_dir / "config.json").read_text())
     kind = log.get("kind", "diffusion")
@@ -247,8 +199,7 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         "training.", "",
         "```json", json.dumps(log.get("data") or describe(), indent=1), "```", "",
         "## Training", "",
-        *(_recipe_lines(recipe) if recipe else _init_lines(log)), *_objective_lines(log),
-        *([] if recipe else [f"- command: `{command or _train_command(log)}`"]),
+        *(_recipe_lines(recipe) if recipe else _run_lines(log)), *_objective_lines(log),
         f"- steps: {log.get('steps')}, tokens seen: {log.get('tokens_seen', 0):,}, "
         f"wall time: {log.get('wall_time_s', 0) / 60:.1f} min, "
         f"throughput: {log.get('tokens_per_s', 0):,.0f} tokens/s",

@@ -48,8 +48,7 @@ def save_checkpoint(out: Path, state: dict[str, Any], keep: int) -> Path:
     return path
 
 
-def open_checkpoint(out: Path, want: dict[str, Any], steps: int | None
-                    ) -> dict[str, Any] | None:
+def open_checkpoint(out: Path, want: dict[str, Any], steps: int) -> dict[str, Any] | None:
     """The latest checkpoint of ``out``, refused when it was trained with other settings
     (``want``: kind, preset, seed, init_from) or another step budget."""
     path = latest_checkpoint(out)
@@ -63,7 +62,7 @@ def open_checkpoint(out: Path, want: dict[str, Any], steps: int | None
         if meta.get(key) != value:
             raise ValueError(f"cannot resume {path}: it was trained with "
                              f"{key}={meta.get(key)!r}, not {value!r}")
-    if steps is not None and steps != meta["schedule_steps"] and meta["steps_given"]:
+    if steps != meta["schedule_steps"]:
         raise ValueError(f"cannot resume {path} with steps={steps}: the run's cosine "
                          f"schedule spans {meta['schedule_steps']} steps")
     return ckpt

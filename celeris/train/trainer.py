@@ -1,13 +1,10 @@
 """Train the shipped tiny models on CPU: the masked-diffusion ``celeris-tiny``, its
 autoregressive twin ``celeris-tiny-ar`` and the block-diffusion ``celeris-tiny-bd`` (same size,
-same tokenizer).
+same tokenizer). A shipped model's stages are in ``models/<name>/recipe.toml``, run by
+``celeris train --recipe`` (``celeris.train.pipeline``), which calls ``train`` once a run:
 
-    train("models/celeris-tiny-ar", steps=N, kind="ar")                         # Llama twin
-    train("models/celeris-tiny", steps=N, init_from="models/celeris-tiny-ar")   # LLaDA-style
-    train("runs/bd", minutes=40, kind="bd", init_from="runs/ar")                # block diffusion
-
-A shipped model's stages are in ``models/<name>/recipe.toml``, run end to end by
-``celeris train --recipe`` (``celeris.train.pipeline``), which calls ``train`` once a run.
+    train("runs/ar", steps=N, kind="ar")
+    train("runs/bd", steps=N, kind="bd", init_from="runs/ar")     # AR-to-block-diffusion
 
 A run is deterministic for a seed on one machine and thread count (``CELERIS_THREADS``):
 model init from ``torch.manual_seed``, data from a seeded ``random.Random``, masking from a
@@ -115,16 +112,13 @@ def build_model(kind: str, preset: str, vocab_size: int, block_size: int = 8):
     return LlamaForCausalLM(config)
 
 
-def make_schedule(opt: torch.optim.Optimizer, warmup: int, total: int, min_ratio: float,
-                  last_step: int = -1) -> torch.optim.lr_scheduler.LambdaLR:
+def make_schedule(opt: torch.optim.Optimizer, warmup: int, total: int,
+                  min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup to the peak learning rate, then a half cosine down to ``min_ratio`` x the
-    peak at ``total`` steps (transformers' schedule). ``last_step`` continues a run whose
-    length became known later (a time budget)."""
+    peak at ``total`` steps (transformers' schedule)."""
     from transformers import get_cosine_with_min_lr_schedule_with_warmup
 
-    return get_cosine_with_min_lr_schedule_with_warmup(opt, warmup, total,
-                                                       min_lr_rate=min_ratio,
-                                                       last_epoch=last_step)
+    return get_cosine_with_min_lr_schedule_with_warmup(opt, warmup, total, min_lr_rate=min_ratio)
 
 
 def make_optimizer(model, tp: dict[str, Any]) -> torch.optim.Optimizer:
@@ -204,17 +198,13 @@ def eval_loss(model, kind: str, seqs: list[list[int]], device: str,
 
 
 # ----------------------------------------------------------------------------- settings
-def _check_budget(kind: str, preset: str, steps: int | None, minutes: float | None) -> None:
+def _check_budget(kind: str, preset: str, steps: Any) -> None:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {kind!r}")
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
-    if steps is None and minutes is None:
-        raise ValueError("give a budget: steps (deterministic) and/or minutes (wall clock)")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise ValueError(f"steps must be a positive integer, got {steps!r}")
-    if minutes is not None and not minutes > 0:
-        raise ValueError(f"minutes must be positive, got {minutes!r}")
 
 
 def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[str, Any]:
@@ -277,10 +267,10 @@ class _Run:
     """Everything a training run carries from step to step, and what it saves."""
 
     def __init__(self, out: Path, kind: str, preset: str, seed: int, device: str,
-                 tp: dict[str, Any], tok, init_from: Path | None, steps: int | None,
+                 tp: dict[str, Any], tok, init_from: Path | None, steps: int,
                  ckpt: dict[str, Any] | None) -> None:
         self.out, self.kind, self.preset, self.seed, self.device = out, kind, preset, seed, device
-        self.tp, self.steps_given = tp, steps is not None
+        self.tp, self.total = tp, steps
         self.init_name = None if init_from is None else str(init_from)
         self.threads = torch.get_num_threads()
         self.t_start = time.time()
@@ -291,13 +281,9 @@ class _Run:
                           if init_from is not None and ckpt is None else None)
         self.model.train()
         self.opt = make_optimizer(self.model, tp)
-        self.total = steps if steps is not None else (ckpt["meta"]["schedule_steps"]
-                                                      if ckpt else None)
         self.warmup = (ckpt["meta"]["warmup_steps"] if ckpt is not None
-                       else tp["warmup_steps"] if steps is None
                        else min(tp["warmup_steps"], max(1, steps // 20)))
-        self.sched = make_schedule(self.opt, self.warmup, self.total or 10 ** 9,
-                                   tp["min_lr_ratio"])
+        self.sched = make_schedule(self.opt, self.warmup, steps, tp["min_lr_ratio"])
         pool = _stream.load_pool(tp["selfgen"]) if tp.get("selfgen") else None
         self.stream = _stream.Stream(seed=seed, mix=_stream.Mix.from_weights(tp.get("mix")),
                                      pool=pool, pool_prob=tp.get("selfgen_prob", 0.0))
@@ -333,8 +319,8 @@ class _Run:
     def meta(self) -> dict[str, Any]:
         return {"kind": self.kind, "preset": self.preset, "seed": self.seed,
                 "train_config": self.tp, "init_from": self.init_name,
-                "init_info": self.init_info, "schedule_steps": self.total or 10 ** 9,
-                "steps_given": self.steps_given, "warmup_steps": self.warmup}
+                "init_info": self.init_info, "schedule_steps": self.total,
+                "warmup_steps": self.warmup}
 
     def checkpoint(self) -> None:
         checkpoints.save_checkpoint(self.out, {
@@ -351,7 +337,7 @@ class _Run:
             "kind": self.kind, "preset": self.preset, "seed": self.seed, "out": str(self.out),
             "init_from": self.init_name, "init_info": self.init_info,
             "model_config": self.model.config.to_dict(), "params": self.n_params,
-            "train_config": self.tp, "schedule_steps": self.total or 10 ** 9,
+            "train_config": self.tp, "schedule_steps": self.total,
             "warmup_steps": self.warmup, "steps": self.step, "tokens_seen": self.tokens_seen,
             "wall_time_s": round(wall, 1),
             "tokens_per_s": round(self.tokens_seen / wall, 1) if wall > 0 else None,
@@ -389,16 +375,6 @@ class _Run:
         self.losses.append(round(value, 6))
         return value, batch
 
-    def fit_schedule(self, limit_s: float, run_elapsed: float) -> None:
-        """A minutes-only run: make the cosine schedule span what the budget allows at the
-        speed measured so far."""
-        per_step = run_elapsed / self.step
-        self.total = max(self.step + 1, int((limit_s - (time.time() - self.t_start))
-                                            / per_step) + self.step)
-        self.warmup = min(self.warmup, max(10, self.total // 20))
-        self.sched = make_schedule(self.opt, self.warmup, self.total, self.tp["min_lr_ratio"],
-                                   last_step=self.step - 1)
-
     def evaluate(self) -> dict[str, Any]:
         return eval_loss(self.model, self.kind, self.eval_seqs, self.device,
                          self.tp.get("block_size", 8))
@@ -413,20 +389,15 @@ def _progress_bar(run: _Run, enabled: bool, label: str | None = None):
                 desc=label or f"train {run.kind}")
 
 
-def _loop(run: _Run, limit_s: float | None, stop_at: int | None, bar) -> bool:
-    """Optimise until the schedule ends, the time budget is spent (returns True) or
-    ``stop_at``; log, evaluate and checkpoint on the preset's cadence."""
+def _loop(run: _Run, stop_at: int | None, bar) -> None:
+    """Optimise until the schedule ends or ``stop_at``; log, evaluate and checkpoint on the
+    preset's cadence."""
     tp = run.tp
     run_start, run_tokens, interval = time.time(), 0, []
-    while run.total is None or run.step < run.total:
+    while run.step < run.total:
         value, batch = run.optimise()
         run_tokens += batch.real_tokens
         interval.append(value)
-        elapsed = time.time() - run_start
-        if run.total is None and run.step >= 10:
-            run.fit_schedule(limit_s, elapsed)
-            if bar is not None:
-                bar.total = run.total
         if run.step % tp["log_every"] == 0 or run.step == run.total:
             run.curve.append({"step": run.step,
                               "loss": round(sum(interval) / len(interval), 5),
@@ -434,8 +405,9 @@ def _loop(run: _Run, limit_s: float | None, stop_at: int | None, bar) -> bool:
                               "elapsed_s": round(run.wall(), 1)})
             interval = []
         if bar is not None:
-            bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{run_tokens / max(elapsed, 1e-9):.0f}",
-                            src=batch.source[:4], L=batch.input_ids.shape[1], refresh=False)
+            tok_s = run_tokens / max(time.time() - run_start, 1e-9)
+            bar.set_postfix(loss=f"{value:.3f}", tok_s=f"{tok_s:.0f}", src=batch.source[:4],
+                            L=batch.input_ids.shape[1], refresh=False)
             bar.update(1)
         if tp["eval_every"] and run.step % tp["eval_every"] == 0 and run.step != run.total:
             run.evals.append({"step": run.step, **run.evaluate()})
@@ -443,41 +415,29 @@ def _loop(run: _Run, limit_s: float | None, stop_at: int | None, bar) -> bool:
             run.checkpoint()
             run.log()
         del batch
-        if limit_s is not None and time.time() - run.t_start > limit_s \
-                and run.step != run.total:
-            return True
         if stop_at is not None and run.step >= stop_at:
-            return False
-    return False
+            return
 
 
 # ----------------------------------------------------------------------------- train
-def train(out: str | Path, *, minutes: float | None = None, steps: int | None = None,
-          device: str = "cpu", resume: bool = False, seed: int = 0, kind: str = "diffusion",
-          preset: str | None = "tiny", progress: bool = True, stop_at: int | None = None,
+def train(out: str | Path, *, steps: int, device: str = "cpu", resume: bool = False,
+          seed: int = 0, kind: str = "diffusion", preset: str | None = "tiny",
+          progress: bool = True, stop_at: int | None = None,
           init_from: str | Path | None = None, label: str | None = None,
           **overrides: Any) -> dict[str, Any]:
-    """Train a model into ``out``; returns a summary dict (also in ``out/train_log.json``).
+    """Train a model into ``out`` for ``steps`` optimizer steps (the cosine schedule spans
+    them); returns a summary (the whole record is ``out/train_log.json``).
 
-    steps:   optimizer steps (deterministic budget; the cosine schedule spans them).
-    minutes: wall-clock cap for this call; alone, the schedule length is estimated from the
-             speed of the first steps.
-    resume:  continue from the latest checkpoint in ``out/checkpoints`` (same settings).
-    stop_at: stop (with a checkpoint) after this step, as an interruption would; the run can
-             then be resumed (tests).
-    label:   the progress bar's name (default "train KIND").
+    resume:    continue from the latest checkpoint in ``out/checkpoints`` (same settings).
+    stop_at:   stop (with a checkpoint) after this step, as an interruption would.
     init_from: start from the weights and tokenizer of a trained model of the same preset:
-             for diffusion/bd the AR twin (AR-to-diffusion adaptation as Dream-7B does from
-             Qwen2.5; shifted logits keep each position's prediction where the AR model put
-             it), for ar continued training.
+               for diffusion/bd the AR twin (AR-to-diffusion adaptation, as Dream-7B from
+               Qwen2.5; shifted logits keep each position's prediction where the AR model
+               put it), for ar continued training.
     overrides: settings of ``TRAIN_PRESETS`` to change (e.g. tokens_per_batch=2048, lr=1e-3).
-
-    Stages: check the settings, open the checkpoint (resume), load or train the tokenizer,
-    build the run (model, optimizer, schedule, data), optimise, then a final evaluation,
-    checkpoint, weights and log.
     """
     preset = preset or "tiny"
-    _check_budget(kind, preset, steps, minutes)
+    _check_budget(kind, preset, steps)
     tp = check_settings(kind, preset, overrides)
     init_from = _check_init(init_from)
     set_threads()
@@ -490,47 +450,16 @@ def train(out: str | Path, *, minutes: float | None = None, steps: int | None = 
         tp = ckpt["meta"]["train_config"]
     tok = load_tokenizer(out, ckpt is not None, init_from, tp, seed)
     run = _Run(out, kind, preset, seed, device, tp, tok, init_from, steps, ckpt)
-
     bar = _progress_bar(run, progress, label)
-    stopped_by_time = _loop(run, minutes * 60 if minutes is not None else None, stop_at, bar)
+    _loop(run, stop_at, bar)
     if bar is not None:
         bar.close()
-
     final_eval = run.evaluate()
     run.evals.append({"step": run.step, **final_eval})
     run.checkpoint()
     checkpoints.save_final(run.model, out, kind)
     data = run.log(final_eval)
-    return {"out": str(out), "kind": kind, "preset": preset, "seed": seed, "steps": run.step,
-            "schedule_steps": run.total or 10 ** 9, "stopped_by_time": stopped_by_time,
-            "params": run.n_params, "tokens_seen": run.tokens_seen,
-            "wall_time_s": data["wall_time_s"], "tokens_per_s": data["tokens_per_s"],
-            "final_loss": data["final_loss"],
-            "eval_loss": final_eval.get("masked_loss", final_eval.get("ar_loss")),
-            "losses": list(run.losses)}
-
-
-def snapshot(out: str | Path, dest: str | Path) -> dict[str, Any]:
-    """Write the latest checkpoint of the run in ``out`` as a model directory ``dest``
-    (weights, tokenizer, its kind's generation defaults): a run can be evaluated, benched or
-    probed while it trains, instead of at the end."""
-    out, dest = Path(out), Path(dest)
-    path = checkpoints.latest_checkpoint(out)
-    if path is None:
-        raise FileNotFoundError(f"snapshot: no checkpoint under {checkpoints.checkpoint_dir(out)}")
-    if dest.resolve() == out.resolve():
-        raise ValueError("snapshot: the destination must not be the run's own directory")
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    meta = ckpt["meta"]
-    tok = tt.load_raw(out)
-    model = build_model(meta["kind"], meta["preset"], round_vocab(tok.get_vocab_size()),
-                        meta["train_config"].get("block_size", 8))
-    model.load_state_dict(ckpt["model"])
-    dest.mkdir(parents=True, exist_ok=True)
-    tt.copy_tokenizer(out, dest)
-    checkpoints.save_final(model, dest, meta["kind"])
-    info = {"snapshot_of": str(path), "step": ckpt["step"], "tokens_seen": ckpt["tokens_seen"],
-            "kind": meta["kind"]}
-    (dest / "snapshot.json").write_text(json.dumps(info, indent=1) + "\n")
-    return info
-
+    keys = ("out", "kind", "preset", "seed", "steps", "params", "tokens_seen", "wall_time_s",
+            "tokens_per_s", "final_loss", "losses")
+    return {**{k: data[k] for k in keys},
+            "eval_loss": final_eval.get("masked_loss", final_eval.get("ar_loss"))}
