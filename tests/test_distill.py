@@ -259,7 +259,13 @@ def test_a_looping_but_otherwise_good_story_is_kept_without_its_repeats():
 
     from celeris.train import corpus as C
     from celeris.train.longcheck import repeated_sentences
-    from celeris.train.selfgen import imitable, prompts
+    from celeris.train.selfgen import kept_record, prompts
+
+    def imitable(source, answer, spec):
+        rec = kept_record(source, "p", answer, spec, relabel_requests=False,
+                          correct_requests=False)
+        return None if rec is None else rec["answer"]
+
     request = C.long_request(random.Random(3), "train")
     story = request.story
     first = story.split(". ")[0] + "."

@@ -1,31 +1,18 @@
-"""Self-distillation data: a block-diffusion model answers training-split prompts itself.
+"""Self-distillation data (``celeris distill-data``): a block-diffusion model answers
+training-split prompts itself, and the answers worth imitating are kept.
 
 dParallel (certainty-forcing distillation) and LLaDA2.0 train a diffusion LM on its own
-decoding outcomes: a model that learns to reproduce *its own* greedy answers can commit them
-with more confidence, so more positions pass the threshold in one forward. This module writes
-those answers:
+decoded answers: a model that learns to reproduce its own greedy answers commits them with
+more confidence, so more positions pass the threshold in one forward.
 
-    celeris distill-data --model runs/bd --out runs/selfgen.jsonl --requests 600 --tasks 600
-
-Prompts are training-split long-story requests (``corpus.long_request``) and checkable tasks
-(``tasks.random_example``), drawn from a seeded RNG, so the list is fixed for a seed. Answers
-are the model's greedy output at its own default decoding (its ``generation_config``: the
-trajectories it runs when deployed; for the shipped block model ltr 0.85), the model's block
-size, exact cache. Only answers worth imitating are kept: a task answer that is right, and a
-story whose every sentence the grammar writes, whose hero is kept, whose request is honoured
-and whose found objects stay the same (``longcheck.long_score``), once its sentences that
-repeat an earlier one are dropped (``longcheck.without_repeats``; the kept answer is that
-edited story: the shipped models repeat ~21% of their sentences, so almost no story was kept
-when a repeat disqualified it). A story that passes everything but the request (the shipped
-pair honours ~half) is edited to give what it was asked (``correct``, hindsight correction:
-the adjective, object, place or name swapped in where the grammar allows, then checked again;
-the record's "corrected" lists the fields), or else kept under the request it does honour,
-written in the same template (``relabel``, hindsight relabelling; the record's "asked" holds
-the original prompt), so the pair stays consistent: a prompt and a story that gives what it
-asks. The file
-is JSONL, one record per kept answer (``{"source", "prompt", "answer"[, "asked"]}``) plus a
-``{"done": N}`` line after each batch, so a stopped run resumes where it stopped
-(``resume=True`` skips the prompts already answered).
+Prompts are training-split long-story requests and checkable tasks drawn from a seeded RNG;
+answers are the model's greedy output at its own default decoding. A task answer is kept when
+it is right; a story (its repeated sentences dropped) when it passes every ``longcheck``
+check. A good story that ignores its request is edited to honour it (``correct``, hindsight
+correction) or else kept under the request it does honour (``relabel``, hindsight
+relabelling); with ``min_arcs`` a kept story gets the missing plot arcs' paragraphs
+(``lengthen``). The file is JSONL, one record per kept answer plus ``{"done": N}`` after each
+batch, so a stopped run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from celeris.train import corpus as _corpus
+from celeris.train import longcheck
 from celeris.train import stream as _stream
 from celeris.train import tasks as _tasks
 
@@ -61,19 +49,9 @@ def prompts(requests: int, tasks: int, seed: int = 0) -> list[tuple[str, str, An
     return out
 
 
-def imitable(source: str, answer: str, spec: Any) -> str | None:
-    """The answer to imitate (a story without its repeated sentences), or None when the
-    model's answer is not one to imitate."""
-    if source == "task":
-        return answer if _tasks.score(spec.task, answer, spec.answer) else None
-    answer, good, honoured = _story_checks(answer, spec)
-    return answer if good and honoured else None
-
-
 def _story_checks(answer: str, spec: Any) -> tuple[str, bool, bool]:
     """(the story without its repeated sentences, whether it is a good story apart from the
     request, whether it honours ``spec``'s request)."""
-    from celeris.train import longcheck
     answer = longcheck.without_repeats(answer)
     s = longcheck.long_score([answer], [spec])
     good = (s["grammatical"] == 1.0 and s["hero_kept"] == 1.0 and s["objects_kept"] == 1.0
@@ -83,12 +61,10 @@ def _story_checks(answer: str, spec: Any) -> tuple[str, bool, bool]:
 
 def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
     """The request ``story`` honours, in the template of the one it was written for
-    (hindsight relabelling): asked "a story about a brave fox named Max", a model that wrote
-    about a brave cat named Max gets the pair ("... a brave cat named Max", its story) to
-    imitate. The hero's kind/adjective/name come from its introduction, the place is the
-    first corpus place the story names, the object the first one it finds (else names). None
-    when the story has no such field or the request has no template (``spec.form``)."""
-    from celeris.train import longcheck
+    (hindsight relabelling): asked for "a brave fox named Max", a story about a brave cat
+    named Max is kept under "a brave cat named Max". The hero comes from its introduction,
+    the place is the first corpus place it names, the object the first one it finds. None
+    when the story lacks such a field or the request has no template (``spec.form``)."""
     if not getattr(spec, "form", ""):
         return None
     need, values = set(spec.asks), {}
@@ -131,17 +107,10 @@ def _articles_before(text: str, word: str) -> str:
 
 def correct(story: str, spec: Any) -> tuple[str, list[str]] | None:
     """The story edited to give what its request asks for (hindsight correction), and the
-    fields edited; None when a miss is not one this can edit.
-
-    Relabelling alone teaches nothing about copying a request: the shipped model writes
-    "a little X" whatever adjective is asked, so its relabelled requests all ask for "little".
-    The edits here are the ones the story grammar allows: the hero's adjective swapped
-    everywhere it stands before the hero's kind (articles fixed), the first found object
-    swapped everywhere for the requested one (articles fixed), a place put into the opening
-    as the corpus's own ``once upon a time, PLACE, there lived ...`` form, and the hero's name
-    swapped for a requested name of the same pronoun list. The caller checks the edited
-    story again (grammar, hero, objects, request) before keeping it."""
-    from celeris.train import longcheck
+    fields edited; None when a miss is not one the grammar allows editing: the hero's
+    adjective before its kind, the first found object, a place put into the opening (the
+    corpus's ``once upon a time, PLACE, there lived ...``), the hero's name for one of the
+    same pronoun. The caller checks the edited story again before keeping it."""
     asks, fields = spec.asks, []
     hero = longcheck.hero_of(story)
     if {"kind", "adj", "name"} & set(asks) and hero is None:
@@ -178,28 +147,31 @@ def correct(story: str, spec: Any) -> tuple[str, list[str]] | None:
 def kept_record(source: str, prompt: str, answer: str, spec: Any,
                 relabel_requests: bool = True, correct_requests: bool = True,
                 min_arcs: int = 0) -> dict | None:
-    """The distill-data record for one answer, or None when it is not one to imitate. A
-    good story that does not honour its request is edited to honour it (``correct``; the
-    record's "corrected" lists the fields) unless ``correct_requests`` is False, else kept
-    under the request it does honour (``relabel``; the record's "asked" is the original
-    prompt) unless ``relabel_requests`` is False. With ``min_arcs`` > 0 a kept story that
-    shows fewer plot arcs gets the missing ones' paragraphs (``lengthen``; the record's
-    "lengthened" lists them), and one that cannot be lengthened is not kept."""
+    """The distill-data record for one answer, or None when it is not one to imitate: a
+    good story that ignores its request is corrected (the record's "corrected" lists the
+    fields), else relabelled (its "asked" is the original prompt); with ``min_arcs`` > 0 a
+    story is lengthened to that many plot arcs (its "lengthened" lists them) or dropped."""
+    return _kept(source, prompt, answer, spec, relabel_requests, correct_requests, min_arcs)[0]
+
+
+def _kept(source: str, prompt: str, answer: str, spec: Any, relabel_requests: bool,
+          correct_requests: bool, min_arcs: int) -> tuple[dict | None, bool]:
+    """(``kept_record``'s record, whether a good story was dropped for not lengthening)."""
     rec, asked = _record_and_request(source, prompt, answer, spec, relabel_requests,
                                      correct_requests)
     if rec is None or not min_arcs or source == "task":
-        return rec
-    return lengthen(rec, asked, min_arcs)
+        return rec, False
+    longer = lengthen(rec, asked, min_arcs)
+    return longer, longer is None
 
 
 def _record_and_request(source: str, prompt: str, answer: str, spec: Any,
                         relabel_requests: bool, correct_requests: bool) -> tuple[dict | None, Any]:
-    """``kept_record`` before lengthening, and the request the record's story answers (the
-    relabelled one when it was relabelled, else ``spec``)."""
+    """The record before lengthening, and the request its story answers (the relabelled
+    one when it was relabelled, else ``spec``)."""
     if source == "task":
-        kept = imitable(source, answer, spec)
-        return (None if kept is None else
-                {"source": source, "prompt": prompt, "answer": kept}), spec
+        right = _tasks.score(spec.task, answer, spec.answer)
+        return ({"source": source, "prompt": prompt, "answer": answer} if right else None), spec
     story, good, honoured = _story_checks(answer, spec)
     if not good:
         return None, spec
@@ -219,11 +191,10 @@ def _record_and_request(source: str, prompt: str, answer: str, spec: Any,
 
 def lengthen(rec: dict, spec: Any, arcs: int) -> dict | None:
     """``rec`` with its story lengthened to show ``arcs`` plot arcs (``corpus.lengthen_story``,
-    hindsight lengthening: the model's greedy stories stop after as few arcs as the corpus
-    allows), checked again like any kept story; ``rec`` itself when it already shows that many;
-    None when it cannot be lengthened into a story that passes. Deterministic for the record
-    (the new paragraphs are drawn from a generator seeded with its prompt and story)."""
-    from celeris.train import longcheck
+    hindsight lengthening: greedy stories stop after as few arcs as the corpus allows),
+    checked again like any kept story; ``rec`` itself when it shows that many; None when it
+    cannot be lengthened into a story that passes. The new paragraphs are drawn from a
+    generator seeded with the record, so the result is fixed."""
     story = rec["answer"]
     if len(_corpus.plot_arcs(story)) >= arcs:
         return rec
@@ -256,11 +227,7 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  relabel_requests: bool = True, correct_requests: bool = True,
                  min_arcs: int = 0) -> dict[str, Any]:
     """Answer the prompts with ``model`` (greedy, at its own default decoding) and append the
-    kept answers to ``out``.
-
-    ``min_arcs`` (1-4; 0 = off) lengthens every kept story to show that many plot arcs
-    (``lengthen``: the missing arcs' paragraphs, in the corpus's own sentences, before the
-    closing one); a story that cannot be is dropped (the summary's "not_lengthened")."""
+    kept answers (``kept_record``) to ``out``."""
     from celeris import Engine
 
     for name, v in (("requests", requests), ("tasks", tasks)):
@@ -295,14 +262,12 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 seen[source] += 1
                 tokens += len(r.token_ids)
                 nfe += r.nfe
-                rec, asked = _record_and_request(source, text, r.text, spec,
-                                                 relabel_requests, correct_requests)
-                if rec is not None and min_arcs and source == "longreq":
-                    rec = lengthen(rec, asked, min_arcs)
-                    not_lengthened += rec is None
-                    lengthened += rec is not None and "lengthened" in rec
+                rec, dropped = _kept(source, text, r.text, spec, relabel_requests,
+                                     correct_requests, min_arcs)
+                not_lengthened += dropped
                 if rec is not None:
                     kept[source] += 1
+                    lengthened += "lengthened" in rec
                     relabelled += "asked" in rec
                     corrected += "corrected" in rec
                     f.write(json.dumps(rec) + "\n")
@@ -317,7 +282,6 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                 break
     return {"out": str(out), "answered": seen, "kept": kept, "relabelled": relabelled,
             "corrected": corrected, "lengthened": lengthened,
-            "not_lengthened": not_lengthened,
-            "tokens": tokens,
+            "not_lengthened": not_lengthened, "tokens": tokens,
             "tokens_per_forward": tokens / nfe if nfe else 0.0,
             "wall_time_s": round(time.time() - t0, 1), "teacher": teacher}
