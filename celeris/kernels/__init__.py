@@ -1,24 +1,62 @@
 """Kernels with a pure-torch twin and one dispatch switch.
 
 ``block_stats`` runs the Triton kernel on CUDA tensors and the torch twin elsewhere; set
-CELERIS_KERNELS=torch to force the twin (e.g. to compare on a GPU).
+CELERIS_KERNELS=torch to force the twin (e.g. to compare on a GPU). The model's fused RMSNorm
+and rotary embedding (``rms_norm``, ``rope_qk``) take the Triton kernels when
+``fused_kernels(x)`` says so: inference on CUDA tensors, outside torch.compile (inductor fuses
+the same ops itself). CELERIS_KERNELS=triton forces them on any device, which on a CPU works
+only under TRITON_INTERPRET=1 (the tests).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 
+from .norm_rope_reference import rms_norm_reference, rope_qk_reference
 from .reference import ALL_STATS, BlockStats, block_stats_reference, gumbel_scores
 
 
+@functools.lru_cache(maxsize=1)
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def fused_kernels(x: torch.Tensor) -> bool:
+    """Whether a forward over activations like ``x`` runs the fused Triton RMSNorm / RoPE.
+    Never with gradients (the kernels have no backward) or autocast (mixed dtypes), nor while
+    torch.compile traces."""
+    mode = os.environ.get("CELERIS_KERNELS", "auto")
+    if (mode == "torch" or torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or torch.is_autocast_enabled(x.device.type) or not triton_available()):
+        return False
+    return mode == "triton" or x.is_cuda
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None, fused: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual) * weight, x + residual): the Triton kernel when ``fused``."""
+    if fused:
+        from .triton_norm_rope import rms_norm_triton
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_reference(x, weight, eps, residual)
+
+
+def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            q_weight: torch.Tensor | None = None, k_weight: torch.Tensor | None = None,
+            eps: float = 1e-6, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """q and k rotated (after an optional per-head RMSNorm): one Triton launch when ``fused``."""
+    if fused:
+        from .triton_norm_rope import rope_qk_triton
+        return rope_qk_triton(q, k, cos, sin, q_weight, k_weight, eps)
+    return rope_qk_reference(q, k, cos, sin, q_weight, k_weight, eps)
 
 
 def block_stats(logits: torch.Tensor, temperature: torch.Tensor | None = None,
@@ -33,5 +71,6 @@ def block_stats(logits: torch.Tensor, temperature: torch.Tensor | None = None,
     return block_stats_reference(logits, temperature, uniform, need)
 
 
-__all__ = ["BlockStats", "block_stats", "block_stats_reference", "gumbel_scores",
+__all__ = ["BlockStats", "block_stats", "block_stats_reference", "fused_kernels",
+           "gumbel_scores", "rms_norm", "rms_norm_reference", "rope_qk", "rope_qk_reference",
            "triton_available"]

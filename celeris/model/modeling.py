@@ -25,6 +25,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from ..config import ModelLoadError
+from ..kernels import fused_kernels, rms_norm, rope_qk
 from .configuration import (CelerisConfig, DreamConfig, FastDLLMQwenConfig, LLaDA2MoeConfig,
                             LLaDAConfig, SDARConfig, SDARMoeConfig)
 from .moe import Experts, Router, SparseMoE, SwiGLU
@@ -113,15 +114,21 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 key_mask: torch.Tensor | None, kv: KVView | None,
-                real: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, W, C), or (N, C) packed: the real columns of a (B, W) window (``real``)."""
+                real: torch.Tensor | None = None, fused: bool = False) -> torch.Tensor:
+        """x (B, W, C), or (N, C) packed: the real columns of a (B, W) window (``real``).
+        ``fused``: q/k norm and RoPE in one Triton launch (``kernels.rope_qk``)."""
         lead = x.shape[:-1]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         q, k, v = self._project(x)                                                 # (., H, D)
         if self.qk_norm and self.clip is not None:    # OLMoE's order: norm, clamp, rotate
             q, k = self.q_norm(q), self.k_norm(k)
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = rope_qk(q, k, cos, sin, fused=True) if fused else (
+                apply_rope(q, cos, sin), apply_rope(k, cos, sin))
+        elif fused:
+            norms = (self.q_norm.weight, self.k_norm.weight) if self.qk_norm else (None, None)
+            eps = self.q_norm.eps if self.qk_norm else 0.0
+            q, k = rope_qk(q, k, cos, sin, *norms, eps, fused=True)
         elif self.qk_norm:
             q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
         else:             # queries and keys rotated in one go: half the small ops
@@ -161,6 +168,16 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, key_mask, kv, real=None):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, key_mask, kv, real)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_fused(self, delta, residual, cos, sin, key_mask, kv, real=None):
+        """The same block with each residual add fused into the RMSNorm that follows it
+        (Triton kernels): takes and returns the stream as (delta, residual), its value being
+        residual + delta; the last add happens in the next block's (or the final) norm."""
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        a, residual = rms_norm(residual, ln1.weight, ln1.eps, delta, fused=True)
+        delta = self.self_attn(a, cos, sin, key_mask, kv, real, fused=True)
+        a, residual = rms_norm(residual, ln2.weight, ln2.eps, delta, fused=True)
+        return self.mlp(a), residual
 
 
 class Backbone(nn.Module):
@@ -256,9 +273,7 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         if packed is not None:
             h = packed_layers(packed, h, cos, signed_sin(sin), key_mask, kv, real)
         else:
-            for block in self.model.layers:
-                h = block(h, cos, sin, key_mask, kv, real)
-            h = self.model.norm(h)
+            h = self._layers(h, cos, sin, key_mask, kv, real)
         if real is not None:
             h = unpack_rows(h, real)                                               # (B, W, C)
         shift = self.config.shift_logits              # logits at i come from state i-1
@@ -274,6 +289,22 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         if packed is not None:
             return MaskedLMOutput(logits=packed.logits(h))
         return MaskedLMOutput(logits=self.lm_head(h))
+
+    def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                key_mask: torch.Tensor | None, kv: KVView | None,
+                real: torch.Tensor | None) -> torch.Tensor:
+        """Every block and the final norm over h. On CUDA at inference the RMSNorms with
+        the residual adds and the RoPE of q and k run as three Triton launches a layer
+        (``kernels.fused_kernels``) instead of ten ops; otherwise the modules."""
+        if not fused_kernels(h):
+            for block in self.model.layers:
+                h = block(h, cos, sin, key_mask, kv, real)
+            return self.model.norm(h)
+        delta = None
+        for block in self.model.layers:
+            delta, h = block.forward_fused(delta, h, cos, sin, key_mask, kv, real)
+        norm = self.model.norm
+        return rms_norm(h, norm.weight, norm.eps, delta, fused=True)[0]
 
     def pack_for_inference(self, max_bytes: int = PACK_MAX_BYTES) -> bool:
         """Decode with packed weights (``packed.py``: fused products in the CPU kernel's own
