@@ -36,32 +36,29 @@ KINDS = ("diffusion", "ar", "bd")     # bd: block diffusion (block-causal, celer
 
 # CelerisConfig kwargs (the AR twin reuses the size fields). shift_logits=True is Dream's
 # shifted prediction: a masked position reads its left neighbour's state, which gets a tiny
-# model off the unigram plateau (NOTES-MACHINE.md); conv_kernel_size stays 0 (off).
+# model off the unigram plateau.
+_SHARED = dict(max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5,
+               shift_logits=True, qkv_bias=False, tie_word_embeddings=False)
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
-                 rope_theta=10000.0, rms_norm_eps=1e-5, shift_logits=True, qkv_bias=False,
-                 tie_word_embeddings=False),
+                 num_attention_heads=4, num_key_value_heads=4, **_SHARED),
     "micro": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-                  rope_theta=10000.0, rms_norm_eps=1e-5, shift_logits=True, qkv_bias=False,
-                  tie_word_embeddings=False),
+                  num_attention_heads=2, num_key_value_heads=2, **_SHARED),
 }
 
-# Optimisation and data settings per preset.
+# Optimisation and data settings per preset (micro: the smoke-test model).
+_TINY = dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1, betas=(0.9, 0.95),
+             grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25, semi_ar_prob=0.0,
+             mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE, eval_stories=128,
+             block_size=8, certainty=0.0, masking="random", selfgen=None, selfgen_prob=0.0,
+             log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2)
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1,
-                 betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25,
-                 semi_ar_prob=0.0, mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE,
-                 eval_stories=128, block_size=8, certainty=0.0, masking="random",
-                 selfgen=None, selfgen_prob=0.0, log_every=10, ckpt_every=200, eval_every=500,
-                 keep_checkpoints=2),
-    "micro": dict(lr=3e-3, min_lr_ratio=0.1, warmup_steps=4, weight_decay=0.1,
-                  betas=(0.9, 0.95), grad_clip=1.0, tokens_per_batch=512, prefix_prob=0.25,
-                  semi_ar_prob=0.0, mix=None, tokenizer_texts=600, vocab_size=512, eval_stories=8,
-                  block_size=4, certainty=0.0, masking="random", selfgen=None,
-                  selfgen_prob=0.0, log_every=1, ckpt_every=10, eval_every=0, keep_checkpoints=2),
+    "tiny": _TINY,
+    "micro": {**_TINY, "lr": 3e-3, "warmup_steps": 4, "tokens_per_batch": 512,
+              "tokenizer_texts": 600, "vocab_size": 512, "eval_stories": 8, "block_size": 4,
+              "log_every": 1, "ckpt_every": 10, "eval_every": 0},
 }
+
 
 # ----------------------------------------------------------------------------- helpers
 def set_threads() -> int:
@@ -101,14 +98,9 @@ def build_model(kind: str, preset: str, vocab_size: int, block_size: int = 8):
                                eot_token_id=tt.SPECIAL_IDS["eot"], **ids, **cfg)
         return CelerisForMaskedDiffusion(config)
     from transformers import LlamaConfig, LlamaForCausalLM
-    config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"], num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg["num_key_value_heads"],
-        max_position_embeddings=cfg["max_position_embeddings"], rope_theta=cfg["rope_theta"],
-        rms_norm_eps=cfg["rms_norm_eps"], tie_word_embeddings=cfg["tie_word_embeddings"],
-        attention_bias=False, mlp_bias=False, **ids)
+    sizes = {k: v for k, v in cfg.items() if k not in ("shift_logits", "qkv_bias")}
+    config = LlamaConfig(vocab_size=vocab_size, attention_bias=False, mlp_bias=False,
+                         **sizes, **ids)
     return LlamaForCausalLM(config)
 
 
@@ -334,11 +326,8 @@ class _Run:
     def log(self, final_eval: dict | None = None) -> dict[str, Any]:
         wall, tail = self.wall(), self.losses[-50:]
         data = {
-            "kind": self.kind, "preset": self.preset, "seed": self.seed, "out": str(self.out),
-            "init_from": self.init_name, "init_info": self.init_info,
-            "model_config": self.model.config.to_dict(), "params": self.n_params,
-            "train_config": self.tp, "schedule_steps": self.total,
-            "warmup_steps": self.warmup, "steps": self.step, "tokens_seen": self.tokens_seen,
+            **self.meta(), "out": str(self.out), "model_config": self.model.config.to_dict(),
+            "params": self.n_params, "steps": self.step, "tokens_seen": self.tokens_seen,
             "wall_time_s": round(wall, 1),
             "tokens_per_s": round(self.tokens_seen / wall, 1) if wall > 0 else None,
             "threads": self.threads, "machine": machine_info(), "device": self.device,
