@@ -85,7 +85,7 @@ def test_reqhead_rows_are_request_prompts_and_the_first_canvas_tokens_of_their_s
     """reqhead: a long request answered by its story cropped to the canvas, every answer
     position scored, no end of turn (a beginning, not an end), nothing after it; block
     diffusion scores the same positions."""
-    from celeris.train.data import HEAD_BUCKETS, Batcher
+    from celeris.train.data import BUCKETS, Batcher
     from celeris.train.longcheck import hero_of
     from celeris.train.tokenizer_train import load_raw
 
@@ -95,7 +95,7 @@ def test_reqhead_rows_are_request_prompts_and_the_first_canvas_tokens_of_their_s
     canvases = set()
     for _ in range(4):
         b = batcher.next()
-        assert b.source == "reqhead" and b.length in dict(HEAD_BUCKETS)
+        assert b.source == "reqhead" and b.length in dict(BUCKETS["reqhead"])
         canvases.add(b.length)
         prompt_len = b.input_ids.shape[1] - b.length
         scored = b.labels != IGNORE

@@ -29,9 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from celeris.train.data import IGNORE, Batch, positions
-from celeris.train.objective import bf16_is_fast
-
-EPS = 1e-3
+from celeris.train.objective import EPS, bf16_autocast, evaluating, right_pad
 
 
 @dataclass
@@ -65,15 +63,16 @@ MASKINGS = ("random", "suffix")
 
 def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generator,
                  masking: str = "random") -> BlockInputs:
-    """A training batch. ``masking="random"``: each block's scored positions masked at its
-    own rate t ~ U(eps, 1). ``masking="suffix"``: each block masks its scored positions from a
-    place k ~ U{0..block_size-1} on, a clean prefix and a masked rest, the only states that
-    left-to-right decoding (``decoding="ltr"``, the default) ever shows the model."""
+    """A training batch in the [noisy, clean] layout. ``masking="random"``: each block's
+    scored positions masked at its own rate t ~ U(eps, 1). ``masking="suffix"``: each block
+    masks its scored positions from a place k ~ U{0..block_size-1} on, a clean prefix and a
+    masked rest, the only states left-to-right decoding (``decoding="ltr"``) shows the model."""
     if masking not in MASKINGS:
         raise ValueError(f"masking must be one of {', '.join(MASKINGS)}, got {masking!r}")
     batch = trim_to_targets(batch)
-    B, L = batch.input_ids.shape
-    pos = positions(batch.attention_mask, batch.input_ids)                      # (B, L)
+    ids, labels = batch.input_ids, batch.labels                                 # (B, L)
+    B, L = ids.shape
+    pos = positions(batch.attention_mask, ids)                                  # (B, L)
     blk = pos // block_size                                                     # (B, L)
     if masking == "suffix":
         k = torch.randint(block_size, (B, int(blk.max()) + 1), generator=gen)    # (B, nblocks)
@@ -81,21 +80,9 @@ def block_inputs(batch: Batch, block_size: int, mask_id: int, gen: torch.Generat
     else:
         t = torch.rand(B, int(blk.max()) + 1, generator=gen) * (1 - EPS) + EPS  # (B, nblocks)
         hidden = torch.rand(B, L, generator=gen) < t.gather(1, blk)
-    masked = hidden & _targets(batch.labels)                                    # (B, L)
-    return masked_layout(batch, block_size, mask_id, masked)
-
-
-def masked_layout(batch: Batch, block_size: int, mask_id: int,
-                  masked: torch.Tensor) -> BlockInputs:
-    """The [noisy, clean] layout of ``batch`` with the scored positions ``masked`` (B, L) hidden
-    in the noisy half (``block_inputs`` draws them at random)."""
-    ids, labels = batch.input_ids, batch.labels                                  # (B, L)
-    B, L = ids.shape
     real = _real(batch)
-    pos = positions(batch.attention_mask, ids)                                  # (B, L)
-    blk = pos // block_size                                                     # (B, L)
     scored = _targets(labels)                                                   # (B, L)
-    masked = masked & scored
+    masked = hidden & scored
     after = _after_targets(scored) & real
     noisy = torch.where(masked | after, torch.full_like(ids, mask_id), ids)
     attn = _attention(blk, real)
@@ -160,13 +147,10 @@ def _attention(blk: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 def block_loss(model, inputs: BlockInputs, device: str, certainty: float = 0.0
                ) -> torch.Tensor:
     """Mean cross-entropy over the masked targets, plus ``certainty`` x the mean entropy of
-    the predictions that are already right (argmax = target).
-
-    The certainty term is the confidence objective of dParallel's certainty-forcing
-    distillation and LLaDA2.0's CAP: cross-entropy alone leaves a right prediction at, say,
-    0.6, below a 0.7 threshold, so threshold decoding waits another forward for it; pushing
-    the entropy of right predictions down lets more positions of a block pass the threshold
-    in one forward. Wrong predictions are left to the cross-entropy (sharpening them would
+    the predictions that are already right (argmax = target): the confidence objective of
+    dParallel's certainty-forcing distillation and LLaDA2.0's CAP. Cross-entropy alone
+    leaves a right prediction below the threshold, so threshold decoding waits another
+    forward for it; wrong predictions are left to the cross-entropy (sharpening them would
     make confident mistakes)."""
     logits = model(inputs.ids.to(device), position_ids=inputs.positions.to(device),
                    attn_mask=inputs.attn.to(device),
@@ -195,23 +179,18 @@ def block_eval_loss(model, sequences: list[list[int]], block_size: int, mask_id:
                     ) -> dict:
     """Held-out block-diffusion loss with a fixed seed (comparable across checkpoints): every
     position but the first is a target, masked at a per-block rate as in training."""
-    from celeris.train.objective import right_pad
-    was_training = model.training
-    model.eval()
     g = torch.Generator().manual_seed(seed)
     total, count = 0.0, 0
-    for i in range(0, len(sequences), batch_size):
-        ids, real = right_pad(sequences[i:i + batch_size], pad_id)
-        labels = torch.where(real, ids, IGNORE)
-        labels[:, 0] = IGNORE
-        batch = Batch(ids, None if bool(real.all()) else real.long(), real, labels, "eval",
-                      ids.shape[1])
-        inputs = block_inputs(batch, block_size, mask_id, g)
-        n = int((inputs.targets != IGNORE).sum())
-        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
-                            enabled=bf16_is_fast(device)):
-            total += float(block_loss(model, inputs, device)) * n
-        count += n
-    if was_training:
-        model.train()
+    with evaluating(model):
+        for i in range(0, len(sequences), batch_size):
+            ids, real = right_pad(sequences[i:i + batch_size], pad_id)
+            labels = torch.where(real, ids, IGNORE)
+            labels[:, 0] = IGNORE
+            batch = Batch(ids, None if bool(real.all()) else real.long(), real, labels, "eval",
+                          ids.shape[1])
+            inputs = block_inputs(batch, block_size, mask_id, g)
+            n = int((inputs.targets != IGNORE).sum())
+            with bf16_autocast(device):
+                total += float(block_loss(model, inputs, device)) * n
+            count += n
     return {"masked_loss": total / max(count, 1)}

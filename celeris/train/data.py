@@ -1,25 +1,21 @@
 """Tokenised, length-bucketed training batches from the seeded stream.
 
-A batch holds one source (stories, task chats, or story requests) and one length, so no
-compute is spent on padding beyond the chat prompts' left padding:
+A batch holds one source and one length, so no compute is spent on padding beyond the chat
+prompts' left padding:
 
-* story batches: ``<|bos|>`` + story + ``<|eos|>`` padding up to the bucket length; every
-  position but the BOS is maskable. With probability ``prefix_prob`` a random prefix is kept
-  unmasked, which teaches completion of a given beginning.
+* stories: ``<|bos|>`` + story + ``<|eos|>`` padding up to the bucket length; every position
+  but the BOS is maskable. With probability ``prefix_prob`` a random prefix is kept unmasked
+  (completion of a given beginning).
 * semi-autoregressive rows (probability ``semi_ar_prob``; stories and story-request answers):
-  a clean prefix, then one block of 1-32 positions masked at the row's rate t, then every later
-  position masked (``forced``: masked but not scored); the block is scored by its mean
-  cross-entropy (``objective.diffusion_loss``, ``row_mean``). That is the state semi-autoregressive
-  decoding puts the model in (the prompt and earlier blocks committed, the current block partly
-  committed, later blocks all [MASK]); plain random masking almost never shows it a clean
-  beginning followed by a fully masked rest.
-* chat batches (tasks, story requests): left-padded chat-templated prompt (never maskable) +
-  answer + ``<|eot|>`` + ``<|eos|>`` padding up to the canvas length, drawn per batch from
-  buckets (16/32/64/128/256, most mass on short ones) so that the model learns to end the answer
-  and fill the rest with EOS for any canvas length up to 256.
+  a clean prefix, one block of 1-32 positions masked at the row's rate t, every later
+  position masked but not scored (``forced``): the state semi-autoregressive decoding puts
+  the model in, which plain random masking almost never shows it.
+* chats (tasks, story requests): left-padded chat-templated prompt (never maskable) + answer
+  + ``<|eot|>`` + ``<|eos|>`` padding up to a canvas length drawn per batch, so the model
+  learns to end the answer and fill the rest with EOS for any canvas up to 256.
 
-``labels`` carries the autoregressive twin's targets on the same tokens the diffusion model
-learns (the whole story with its first EOS; the answer and its EoT), -100 elsewhere.
+``labels`` carries the AR twin's targets on the same tokens (the story and its first EOS;
+the answer and its EoT), -100 elsewhere.
 """
 
 from __future__ import annotations
@@ -35,13 +31,15 @@ from celeris.train.tokenizer_train import CHAT_TEMPLATE, SPECIAL_IDS
 
 IGNORE = -100
 
-STORY_BUCKETS = ((64, 0.45), (128, 0.40), (256, 0.15))
-TASK_BUCKETS = ((16, 0.25), (32, 0.45), (64, 0.15), (128, 0.08), (256, 0.07))
-REQUEST_BUCKETS = ((64, 0.30), (128, 0.45), (256, 0.25))
-LONG_BUCKETS = ((384, 1.0),)            # long stories: 150-400 tokens, for AR/block models
-HEAD_BUCKETS = ((32, 0.5), (64, 0.3), (128, 0.2))  # reqhead: a long story cropped to its start
-PROMPT_ESTIMATE = {"task": 22, "request": 16, "longreq": 22, "reqhead": 22}
-CROPPED = ("reqhead",)                  # chat sources whose answer is cropped to the canvas   # mean prompt tokens, for the rows per batch
+# source -> (length, weight) buckets; long stories are 150-400 tokens, reqhead is a long
+# story cropped to its start
+BUCKETS = {"story": ((64, 0.45), (128, 0.40), (256, 0.15)),
+           "task": ((16, 0.25), (32, 0.45), (64, 0.15), (128, 0.08), (256, 0.07)),
+           "request": ((64, 0.30), (128, 0.45), (256, 0.25)),
+           "long": ((384, 1.0),), "longreq": ((384, 1.0),),
+           "reqhead": ((32, 0.5), (64, 0.3), (128, 0.2))}
+PROMPT_ESTIMATE = {"task": 22, "request": 16, "longreq": 22, "reqhead": 22}  # mean prompt tokens
+CROPPED = ("reqhead",)                  # chat sources whose answer is cropped to the canvas
 SEMI_AR_BLOCKS = (1, 2, 4, 8, 16, 32)             # block lengths of semi-autoregressive rows
 
 
@@ -75,22 +73,13 @@ class Batcher:
     """Draws batches from a ``Stream``; all randomness comes from the stream's RNG."""
 
     def __init__(self, tokenizer, stream: Stream, tokens_per_batch: int = 4096,
-                 prefix_prob: float = 0.25, semi_ar_prob: float = 0.0,
-                 story_buckets=STORY_BUCKETS, task_buckets=TASK_BUCKETS,
-                 request_buckets=REQUEST_BUCKETS, long_buckets=LONG_BUCKETS,
-                 head_buckets=HEAD_BUCKETS) -> None:
+                 prefix_prob: float = 0.25, semi_ar_prob: float = 0.0) -> None:
         for name, p in (("prefix_prob", prefix_prob), ("semi_ar_prob", semi_ar_prob),
                         ("prefix_prob + semi_ar_prob", prefix_prob + semi_ar_prob)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {p!r}")
-        self.tok = tokenizer
-        self.stream = stream
-        self.tokens_per_batch = tokens_per_batch
-        self.prefix_prob = prefix_prob
-        self.semi_ar_prob = semi_ar_prob
-        self.buckets = {"story": tuple(story_buckets), "task": tuple(task_buckets),
-                        "request": tuple(request_buckets), "long": tuple(long_buckets),
-                        "longreq": tuple(long_buckets), "reqhead": tuple(head_buckets)}
+        self.tok, self.stream, self.tokens_per_batch = tokenizer, stream, tokens_per_batch
+        self.prefix_prob, self.semi_ar_prob = prefix_prob, semi_ar_prob
         self.pad, self.bos, self.eos, self.eot = (SPECIAL_IDS["pad"], SPECIAL_IDS["bos"],
                                                   SPECIAL_IDS["eos"], SPECIAL_IDS["eot"])
         self._chat = _chat_renderer(tokenizer)
@@ -108,7 +97,7 @@ class Batcher:
                                               tokenize=False)
 
     def _bucket(self, source: str) -> int:
-        lengths, weights = zip(*self.buckets[source])
+        lengths, weights = zip(*BUCKETS[source])
         return self.rng.choices(lengths, weights)[0]
 
     def next(self) -> Batch:
@@ -187,7 +176,7 @@ class Batcher:
             ids[r, plen:plen + len(a)] = torch.tensor(a)
             maskable[r, plen:] = True
             labels[r, plen:plen + len(a)] = ids[r, plen:plen + len(a)]
-            # (no draw at all when semi_ar_prob is 0, so older recipes keep their stream)
+            # no draw at all when semi_ar_prob is 0 (the stream stays as it was)
             if source in ("request", "longreq", "reqhead") and self.semi_ar_prob > 0 \
                     and self.rng.random() < self.semi_ar_prob:
                 self._semi_ar(maskable[r], forced[r], plen, plen + len(a))

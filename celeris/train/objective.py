@@ -11,7 +11,9 @@ row) are always masked and never scored.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,23 @@ def bf16_is_fast(device: str) -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def bf16_autocast(device: str, enabled: bool | None = None):
+    """bf16 autocast on ``device`` (default: when ``bf16_is_fast``)."""
+    return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
+                          enabled=bf16_is_fast(device) if enabled is None else enabled)
+
+
+@contextmanager
+def evaluating(model) -> Iterator[None]:
+    """``model`` in eval mode for the block, then back in the mode it was in."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def mask_batch(input_ids: torch.Tensor, maskable: torch.Tensor, mask_id: int,
@@ -97,63 +116,54 @@ def right_pad(chunk: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.
 def masked_eval_loss(model, sequences: list[list[int]], mask_id: int, pad_id: int,
                      ratios: tuple[float, ...] = (0.15, 0.5, 0.85), seed: int = 0,
                      batch_size: int = 32, device: str = "cpu",
-                     autocast: bool = True, skip_first: int = 0) -> dict:
+                     autocast: bool | None = None, skip_first: int = 0) -> dict:
     """Masked-token cross-entropy (plain mean over masked tokens, no 1/t weight) at fixed
-    masking ratios, with a fixed seed: comparable across checkpoints.
-
-    ``sequences`` are full token lists (right-padded here with ``pad_id``; padding is never
-    masked and is excluded from attention). The first ``skip_first`` positions are never masked
-    (e.g. a BOS token). Returns {"masked_loss": mean over ratios, "by_ratio": {r: loss}}.
-    """
-    was_training = model.training
-    model.eval()
+    masking ratios, with a fixed seed: comparable across checkpoints. ``sequences`` are
+    right-padded with ``pad_id`` (never masked, not attended to); the first ``skip_first``
+    positions (a BOS) are never masked; ``autocast`` defaults to ``bf16_is_fast``. Returns
+    {"masked_loss": mean over ratios, "by_ratio": {r: loss}}."""
     g = torch.Generator().manual_seed(seed)
     by_ratio: dict[str, float] = {}
-    for r in ratios:
-        total, count = 0.0, 0
-        for i in range(0, len(sequences), batch_size):
-            ids, real = right_pad(sequences[i:i + batch_size], pad_id)
-            maskable = real.clone()
-            maskable[:, :skip_first] = False
-            u = torch.rand(ids.shape, generator=g)
-            masked = (u < r) & maskable
-            if not bool(masked.any()):
-                continue
-            noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
-            attn = None if bool(real.all()) else real.long().to(device)
-            with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
-                                enabled=autocast):
-                logits = model(noisy.to(device), attention_mask=attn,
-                               logits_mask=masked.to(device)).logits
-            ce = F.cross_entropy(logits.float(), ids.to(device)[masked.to(device)],
-                                 reduction="sum")
-            total += float(ce)
-            count += int(masked.sum())
-        by_ratio[f"{r:g}"] = total / max(count, 1)
-    if was_training:
-        model.train()
+    with evaluating(model):
+        for r in ratios:
+            total, count = 0.0, 0
+            for i in range(0, len(sequences), batch_size):
+                ids, real = right_pad(sequences[i:i + batch_size], pad_id)
+                maskable = real.clone()
+                maskable[:, :skip_first] = False
+                u = torch.rand(ids.shape, generator=g)
+                masked = (u < r) & maskable
+                if not bool(masked.any()):
+                    continue
+                noisy = torch.where(masked, torch.full_like(ids, mask_id), ids)
+                attn = None if bool(real.all()) else real.long().to(device)
+                with bf16_autocast(device, autocast):
+                    logits = model(noisy.to(device), attention_mask=attn,
+                                   logits_mask=masked.to(device)).logits
+                ce = F.cross_entropy(logits.float(), ids.to(device)[masked.to(device)],
+                                     reduction="sum")
+                total += float(ce)
+                count += int(masked.sum())
+            by_ratio[f"{r:g}"] = total / max(count, 1)
     return {"masked_loss": sum(by_ratio.values()) / max(len(by_ratio), 1),
             "by_ratio": by_ratio}
 
 
 @torch.no_grad()
 def ar_eval_loss(model, sequences: list[list[int]], pad_id: int, batch_size: int = 32,
-                 device: str = "cpu", autocast: bool = True) -> dict:
+                 device: str = "cpu", autocast: bool | None = None) -> dict:
     """Next-token cross-entropy (mean per predicted token) of a causal LM on ``sequences``."""
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    for i in range(0, len(sequences), batch_size):
-        ids, real = right_pad(sequences[i:i + batch_size], pad_id)
-        attn = real.long()
-        with torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
-                            enabled=autocast):
-            logits = model(ids.to(device), attention_mask=attn.to(device)).logits
-        tgt = ids[:, 1:].to(device)
-        keep = attn[:, 1:].bool().to(device)
-        ce = F.cross_entropy(logits[:, :-1][keep].float(), tgt[keep], reduction="sum")
-        total += float(ce)
-        count += int(keep.sum())
-    if was_training:
-        model.train()
+    with evaluating(model):
+        for i in range(0, len(sequences), batch_size):
+            ids, real = right_pad(sequences[i:i + batch_size], pad_id)
+            attn = real.long()
+            with bf16_autocast(device, autocast):
+                logits = model(ids.to(device), attention_mask=attn.to(device)).logits
+            tgt = ids[:, 1:].to(device)
+            keep = attn[:, 1:].bool().to(device)
+            ce = F.cross_entropy(logits[:, :-1][keep].float(), tgt[keep], reduction="sum")
+            total += float(ce)
+            count += int(keep.sum())
     return {"ar_loss": total / max(count, 1)}
+

@@ -121,18 +121,12 @@ def make_optimizer(model, tp: dict[str, Any]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=tp["lr"], betas=tuple(tp["betas"]), eps=1e-8)
 
 
-def autocast_ctx(device: str):
-    dev = device.split(":")[0]
-    return torch.autocast(device_type=dev, dtype=torch.bfloat16,
-                          enabled=objective.bf16_is_fast(device))
-
-
 # ----------------------------------------------------------------------------- losses
 def diffusion_step_loss(model, batch, gen: torch.Generator, device: str) -> torch.Tensor:
     noisy, masked, t = objective.mask_batch(batch.input_ids, batch.maskable,
                                             tt.SPECIAL_IDS["mask"], gen, forced=batch.forced)
     attn = None if batch.attention_mask is None else batch.attention_mask.to(device)
-    with autocast_ctx(device):
+    with objective.bf16_autocast(device):
         logits = model(noisy.to(device), attention_mask=attn,
                        logits_mask=masked.to(device)).logits
     row_mean = None if batch.forced is None else batch.forced.any(dim=1).to(device)
@@ -146,7 +140,7 @@ def bd_step_loss(model, batch, gen: torch.Generator, device: str, block_size: in
     (``blockdiff.block_inputs``), ``certainty`` the weight of the certainty term."""
     inputs = blockdiff.block_inputs(batch, block_size, tt.SPECIAL_IDS["mask"], gen,
                                     masking=masking)
-    with autocast_ctx(device):
+    with objective.bf16_autocast(device):
         return blockdiff.block_loss(model, inputs, device, certainty)
 
 
@@ -159,7 +153,7 @@ def ar_step_loss(model, batch, device: str) -> torch.Tensor:
     labels = labels[:, :end].to(device)
     attn = None if batch.attention_mask is None else batch.attention_mask[:, :end].to(device)
     pos = positions(attn, ids).to(device)
-    with autocast_ctx(device):
+    with objective.bf16_autocast(device):
         hidden = model.model(input_ids=ids, attention_mask=attn,
                              position_ids=pos).last_hidden_state
         target = labels[:, 1:]
@@ -183,10 +177,8 @@ def eval_loss(model, kind: str, seqs: list[list[int]], device: str,
                                          tt.SPECIAL_IDS["pad"], device=device)
     if kind == "diffusion":
         return objective.masked_eval_loss(model, seqs, tt.SPECIAL_IDS["mask"],
-                                          tt.SPECIAL_IDS["pad"], device=device, skip_first=1,
-                                          autocast=objective.bf16_is_fast(device))
-    return objective.ar_eval_loss(model, seqs, tt.SPECIAL_IDS["pad"], device=device,
-                                  autocast=objective.bf16_is_fast(device))
+                                          tt.SPECIAL_IDS["pad"], device=device, skip_first=1)
+    return objective.ar_eval_loss(model, seqs, tt.SPECIAL_IDS["pad"], device=device)
 
 
 # ----------------------------------------------------------------------------- settings
