@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from celeris.train import corpus, tasks
 from celeris.train import tokenizer_train as tt
@@ -104,7 +105,7 @@ def test_tokenizer_special_ids_chat_template_and_round_trip(tok_dir):
     raw = tt.load_raw(tok_dir)
     for i, t in enumerate(tt.SPECIAL_TOKENS):
         assert raw.token_to_id(t) == i
-    hf = tt.load_hf(tok_dir)
+    hf = AutoTokenizer.from_pretrained(str(tok_dir))
     assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id, hf.mask_token_id) == (0, 1, 2, 3)
     assert hf.convert_tokens_to_ids("<|eot|>") == 7
     msgs = [{"role": "user", "content": "sort: 3 1 2"}]
@@ -135,7 +136,7 @@ def test_training_chats_render_through_the_shipped_template_unchanged():
     the template rendered (role line, content, <|eot|>; then the opened assistant turn)."""
     shipped = ROOT / "models" / "celeris-tiny"
     batcher = Batcher(tt.load_raw(shipped), Stream(seed=0))
-    hf = tt.load_hf(shipped)
+    hf = AutoTokenizer.from_pretrained(str(shipped))
     chats = [[{"role": "user", "content": "sort: 3 1 2"}],
              [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a\nb"},
               {"role": "assistant", "content": "ok"}, {"role": "user", "content": "add: 4 + 5"}]]

@@ -1,8 +1,7 @@
 """A training run's files: checkpoints under ``out/checkpoints/`` (everything a resumed run
 needs: weights, optimizer, schedule, data and masking RNG state), the final model directory
-(weights + the generation defaults of its kind), a snapshot of a running run's latest
-checkpoint as a model directory, and the start of a run from another model's weights
-(``init_from``: AR-to-diffusion adaptation or continued training).
+(weights + the generation defaults of its kind), and the start of a run from another model's
+weights (``init_from``: AR-to-diffusion adaptation or continued training).
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from celeris.train import tokenizer_train as tt
 DIFFUSION_DEFAULTS = {"gen_length": 64, "block_length": 32, "steps": 64, "temperature": 0.0,
                       "remasking": "low_confidence", "decoding": "fixed"}
 # Block diffusion: a cap rather than a canvas, sub-blocks = the model's blocks, the exact cache
-# and left-to-right threshold decoding at 0.85 (plain threshold decoding made celeris-tiny-bd drop
-# and double words in stories; see its card and docs/BENCHMARKS.md).
+# and left-to-right threshold decoding (plain threshold decoding drops and doubles words).
 BLOCK_DEFAULTS = {"gen_length": 256, "temperature": 0.0, "remasking": "low_confidence",
                   "decoding": "ltr", "threshold": 0.85, "cache": "prefix"}
 
@@ -92,7 +90,7 @@ def save_final(model, out: Path, kind: str) -> None:
 def load_init_weights(model, src: Path) -> dict[str, Any]:
     """Copy a trained model's weights (same parameter names and shapes: our AR twin is a Llama
     with the diffusion model's layout) into ``model``. Returns what the source's own training
-    log says about it (steps, tokens), for the model card."""
+    log says about it (steps, tokens), for this run's log."""
     from safetensors.torch import load_file
 
     state = load_file(str(src / "model.safetensors"))
@@ -109,8 +107,7 @@ def load_init_weights(model, src: Path) -> dict[str, Any]:
     return describe_init(src)
 
 
-# What a model's card needs to know about the model it started from: enough to name its own
-# training command, and (nested) where *it* started from, so a chain of runs is on record.
+# What the train log records of the model a run started from, and (nested) where *it* started.
 INIT_KEYS = ("kind", "steps", "tokens_seen", "wall_time_s", "seed", "threads", "out", "preset",
              "init_from", "train_config", "init_info")
 

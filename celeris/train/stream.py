@@ -1,18 +1,17 @@
 """The training stream: which sources a batch is drawn from (``Mix``), one training document
-(``Item``), and the infinite, seeded, resumable ``Stream`` of them.
-
-The texts come from the generators of ``celeris.train.corpus`` (stories, story requests, long
-stories) and the checkable problems of ``celeris.train.tasks``; a ``celeris distill-data`` file
-can add answers a model wrote itself (``load_pool``). ``tokenizer_corpus`` samples the stream
-for the BPE, ``describe`` summarises it for the train log and model card.
+(``Item``), and the infinite, seeded, resumable ``Stream`` of them: stories, story requests
+and long stories from ``corpus``, checkable problems from ``tasks``, and answers a model wrote
+itself (``load_pool``, a ``celeris distill-data`` file).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 from celeris.train import tasks as _tasks
@@ -30,12 +29,9 @@ class Mix:
     request: chat story requests ("Tell me a story about a cat.") answered with a story.
     long:    plain long stories (150-400 tokens, one named hero; ``corpus.long_story``).
     longreq: chat requests for a long story, honoured by it (``corpus.long_request``).
-    reqhead: the same requests answered by the first tokens of their story only (the data
-             layer crops the answer to the canvas, no end of turn): ~5x more requests per
-             token than ``longreq``, for learning to honour a request (the opening names the
-             hero's kind, adjective and name, and usually the place).
-
-    The long sources default to 0, so the older recipes draw the same stream as before.
+    reqhead: the same requests answered by the first tokens of their story only (cropped to
+             the canvas, no end of turn): ~5x more requests per token than ``longreq``, for
+             learning to honour a request (the opening names the hero and usually the place).
     """
 
     story: float = 0.20
@@ -90,11 +86,8 @@ class Mix:
 
 @dataclass(frozen=True)
 class Item:
-    """One training document.
-
-    source "story": ``text`` only. Sources "task"/"request": ``messages`` (the user turn, never
-    masked) and ``answer`` (the reply, the maskable canvas).
-    """
+    """One training document: ``text`` (plain sources), or ``messages`` (the user turn, never
+    masked) and ``answer`` (the reply, the maskable canvas)."""
 
     source: str
     text: str = ""
@@ -175,9 +168,6 @@ class Stream:
 def load_pool(path: "str | os.PathLike") -> dict[str, list[Item]]:
     """The self-generated items of a ``celeris distill-data`` JSONL file, by source. Each line:
     {"source": "task"|"longreq", "prompt": user text, "answer": the model's reply}."""
-    import json
-    from pathlib import Path
-
     pool: dict[str, list[Item]] = {}
     p = Path(path)
     if not p.is_file():
@@ -201,8 +191,7 @@ def load_pool(path: "str | os.PathLike") -> dict[str, list[Item]]:
 
 
 def tokenizer_corpus(n: int = 20000, seed: int = 0, mix: Mix | None = None) -> list[str]:
-    """Texts to train the BPE on: a sample of the stream (stories, task prompts and answers,
-    story requests), in the proportions of ``mix``."""
+    """Texts to train the BPE on: a sample of the stream in the proportions of ``mix``."""
     stream = Stream(seed=seed + 7919, mix=mix)
     out: list[str] = []
     for _ in range(n):

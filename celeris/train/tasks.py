@@ -10,13 +10,9 @@ hour: list items are single digits (one token each) and addends have at most two
     max: 4 1 9 2         -> 9
     count: 4 1 9 2       -> 4
 
-An earlier, harder version (items 0..99, addends 0..999) kept both tiny models near 22%
-exact match after an hour of CPU training: two-token items from a 1,280-token vocabulary sit on
-a long plateau (``bench/copy_ablation.py`` measures this).
-
-Train/eval split: a problem belongs to the eval split when a stable hash (sha256, not Python's
-``hash``) of its prompt falls in one bucket out of ``EVAL_BUCKETS``. Both splits are drawn by
-rejection from the same generator, so an eval problem can never occur in training data.
+A problem belongs to the eval split when a stable hash (sha256) of its prompt falls in one
+bucket out of ``EVAL_BUCKETS``; both splits are drawn by rejection from the same generator, so
+an eval problem never occurs in training data.
 """
 
 from __future__ import annotations
@@ -65,6 +61,11 @@ def _join(xs: list[int]) -> str:
     return " ".join(str(x) for x in xs)
 
 
+_SOLVERS = {"copy": _join, "reverse": lambda xs: _join(xs[::-1]),
+            "sort": lambda xs: _join(sorted(xs)), "max": lambda xs: str(max(xs)),
+            "count": lambda xs: str(len(xs))}
+
+
 def solve(task: str, prompt: str) -> str:
     """The exact answer of a prompt (parses the prompt; used to build and to check examples)."""
     _check_task(task)
@@ -74,18 +75,7 @@ def solve(task: str, prompt: str) -> str:
     if task == "add":
         a, _, b = body.partition("+")
         return str(int(a) + int(b))
-    xs = [int(t) for t in body.split()]
-    if task == "copy":
-        return _join(xs)
-    if task == "reverse":
-        return _join(xs[::-1])
-    if task == "sort":
-        return _join(sorted(xs))
-    if task == "max":
-        return str(max(xs))
-    if task == "count":
-        return str(len(xs))
-    raise AssertionError(task)
+    return _SOLVERS[task]([int(t) for t in body.split()])
 
 
 def random_prompt(task: str, rng: random.Random) -> str:
@@ -139,9 +129,8 @@ SECOND_SEED = 4321         # the seed of the second held-out sample (``second_ex
 
 
 def second_examples(task: str, n: int = EVAL_N) -> list[Example]:
-    """A second held-out sample of a task, disjoint from ``eval_examples`` (same split, other
-    problems): a choice made by looking at the fixed eval set (which of two runs to ship) is
-    confirmed on problems that played no part in it."""
+    """A second held-out sample of a task, disjoint from ``eval_examples``: a choice made by
+    looking at the fixed eval set is confirmed on problems that played no part in it."""
     fixed = {ex.prompt for ex in eval_examples(task)}
     pool = make_examples(task, n + len(fixed), SECOND_SEED, "eval")
     out = [ex for ex in pool if ex.prompt not in fixed][:n]

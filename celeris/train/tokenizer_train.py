@@ -1,12 +1,9 @@
 """Byte-level BPE for the shipped tiny models, trained on our own corpus.
 
 Every digit is its own pre-token, a leading space kept with it (" 417" -> " 4" "1" "7"), before
-the byte-level step: numbers are digit sequences (the arithmetic tasks are digit-level) and a
-list item (a single digit) is one token with no separate space token, so a list answer is
-about 40% shorter than with space tokens. ``bench/copy_ablation.py`` records why the item
-spelling matters to a tiny masked diffusion model: copying lists of one-token items from 20 symbols is learned in
-a few hundred steps, lists of digit pairs with separators far more slowly, and 100 symbols
-inside a 1,472-token vocabulary not at all in 500 steps.
+the byte-level step: the arithmetic tasks are digit-level and a list item (a single digit) is
+one token with no separate space token, which a tiny masked diffusion model learns to copy
+far sooner than multi-token items (docs/FINDINGS.md).
 
 Special tokens have fixed ids 0..7 (``SPECIAL_TOKENS``). The saved folder loads offline with
 ``transformers.AutoTokenizer.from_pretrained(dir)`` and carries a chat template: every message is
@@ -121,12 +118,6 @@ def save_tokenizer(tok: Tokenizer, out_dir: str | Path,
 def load_raw(out_dir: str | Path) -> Tokenizer:
     """The ``tokenizers.Tokenizer`` saved in a folder (fast path for training)."""
     return Tokenizer.from_file(str(Path(out_dir) / "tokenizer.json"))
-
-
-def load_hf(out_dir: str | Path):
-    """``AutoTokenizer.from_pretrained`` on a folder, offline."""
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(out_dir), local_files_only=True)
 
 
 def has_tokenizer(out_dir: str | Path) -> bool:
