@@ -1,18 +1,12 @@
-"""Procedurally generated English stories and story requests: the text of the training data.
-
-Everything here is produced by our own generator (no downloaded text), deterministic from a seed,
-so the data and the model trained on it can be shipped under the project's licence.
+"""Procedurally generated English stories and story requests: the text of the training data,
+from our own generator (no downloaded text), deterministic from a seed.
 
 The story grammar uses a few hundred words (characters, places, objects, verbs, adjectives,
 feelings) and small plot arcs (finding something, meeting a friend, losing and finding, wanting
-and trying), 2-6 sentences a story, with several kinds of openings and endings.
-
-Long stories (150-400 tokens, one named hero kept to the end) are built from the same arcs, and
-story requests ("Tell me a story about a cat.") come with the story that honours them.
-
-Held-out stories (for the masked-loss evaluation) are chosen by a stable hash of their text, as
-the task problems are, and the training stream (``celeris.train.stream``) never yields one of
-them.
+and trying), 2-6 sentences a story. Long stories (150-400 tokens, one named hero kept to the
+end) are built from the same arcs; story requests ("Tell me a story about a cat.") come with a
+story that honours them. Held-out stories are chosen by a stable hash of their text, and the
+training stream never yields one.
 """
 
 from __future__ import annotations
@@ -405,11 +399,16 @@ def story_split(text: str) -> str:
     return "eval" if int.from_bytes(d[:8], "big") % STORY_EVAL_BUCKETS == 0 else "train"
 
 
-def random_story(rng: random.Random, split: str = "train", **constraints) -> str:
+def _in_split(make, rng: random.Random, split: str, **constraints) -> str:
+    """The first story ``make`` draws that falls in ``split``."""
     while True:
-        s = story(rng, **constraints)
+        s = make(rng, **constraints)
         if story_split(s) == split:
             return s
+
+
+def random_story(rng: random.Random, split: str = "train", **constraints) -> str:
+    return _in_split(story, rng, split, **constraints)
 
 
 def stories(n: int, seed: int = 0, split: str = "train") -> list[str]:
@@ -418,17 +417,21 @@ def stories(n: int, seed: int = 0, split: str = "train") -> list[str]:
     return [random_story(rng, split) for _ in range(n)]
 
 
+def _distinct(draw, n: int, key=lambda x: x) -> list:
+    """The first ``n`` distinct (by ``key``) values ``draw()`` returns."""
+    out, seen = [], set()
+    while len(out) < n:
+        x = draw()
+        if key(x) not in seen:
+            seen.add(key(x))
+            out.append(x)
+    return out
+
+
 def heldout_stories(n: int = 200, seed: int = STORY_EVAL_SEED) -> list[str]:
     """The fixed held-out stories used for the masked-loss evaluation."""
     rng = random.Random(f"celeris-story:{seed}:eval")
-    out: list[str] = []
-    seen: set[str] = set()
-    while len(out) < n:
-        s = random_story(rng, "eval")
-        if s not in seen:
-            seen.add(s)
-            out.append(s)
-    return out
+    return _distinct(lambda: random_story(rng, "eval"), n)
 
 
 # --------------------------------------------------------------------------- story requests
@@ -443,35 +446,20 @@ def story_request(rng: random.Random, split: str = "train") -> tuple[str, str]:
     """A chat request for a story and a story that satisfies it: (user text, story)."""
     form = rng.choice(REQUEST_FORMS)
     kind = rng.choice(KINDS)
-    adj = rng.choice(ADJECTIVES)
-    obj = rng.choice(OBJECTS)
-    place = rng.choice(PLACES)
+    values = {"kind": kind, "adj": rng.choice(ADJECTIVES), "obj": rng.choice(OBJECTS),
+              "place": rng.choice(PLACES)}
     pron = PEOPLE.get(kind) or rng.choice(("he", "she"))
-    name = rng.choice(NAMES_HE if pron == "he" else NAMES_SHE)
-    cons: dict = {}
-    if "{a_kind}" in form or "{kind}" in form:
-        cons["kind"] = kind
-    if "{a_adj_kind}" in form:
-        cons.update(kind=kind, adj=adj)
-    if "{name}" in form:
-        cons["name"] = name
-        if "{kind}" in form:
-            cons["kind"] = kind
-    if "{place}" in form:
-        cons["place"] = place
-    if "{a_obj}" in form:
-        cons["obj"] = obj
-        cons.setdefault("sentences", rng.randint(3, 6))
-    text = form.format(a_kind=article(kind), a_adj_kind=article(f"{adj} {kind}"), name=name,
-                       kind=kind, place=place, a_obj=article(obj))
+    values["name"] = rng.choice(NAMES_HE if pron == "he" else NAMES_SHE)
+    text, cons = request_text(form, values)
+    if "obj" in cons:
+        cons["sentences"] = rng.randint(3, 6)
     return text, random_story(rng, split, **cons)
 
 
 # --------------------------------------------------------------------------- long stories
-# Long stories (issue 16): several paragraphs, one named hero kept from the first sentence to
-# the last, a small plot of two to four arcs. They are built from the same sentence arcs as the
-# short stories, so ``storycheck`` recognises every sentence; the length bounds are in words,
-# chosen so that the shipped tokenizer puts every story between 150 and 400 tokens.
+# Long stories: several paragraphs, one named hero kept from the first sentence to the last, a
+# plot of two to four arcs, built from the short stories' sentence arcs (so ``storycheck``
+# recognises every sentence); the bounds in words put every story at 150-400 tokens.
 LONG_WORDS = (125, 300)
 LONG_PLOT_ARCS = ("find", "meet", "lose", "goal")
 # filler sentences between arcs, by weight (name, weight)
@@ -482,24 +470,16 @@ FILLER_ARCS = {"activity": _arc_activity, "feeling": _arc_feeling, "weather": _a
 PLOT_ARCS = {"find": _arc_find, "meet": _arc_meet, "lose": _arc_lose, "goal": _arc_goal}
 
 
-def _filler(st: _Story, name: str) -> int:
-    return FILLER_ARCS[name](st)
-
-
-def _plot(st: _Story, name: str, room: int) -> int:
-    return PLOT_ARCS[name](st, room)
-
-
 def _fillers(st: _Story, n: int) -> None:
     names, weights = zip(*LONG_FILLERS)
     for _ in range(n):
-        _filler(st, st.rng.choices(names, weights)[0])
+        FILLER_ARCS[st.rng.choices(names, weights)[0]](st)
 
 
 def _arc_paragraph(st: _Story, arc: str) -> list[str]:
     """One plot paragraph of a long story: the arc's sentences, then 1-3 fillers."""
     fill, start = st.rng.randint(1, 3), len(st.sentences)   # drawn first: the corpus's order
-    _plot(st, arc, 3)
+    PLOT_ARCS[arc](st, 3)
     _fillers(st, fill)
     return st.sentences[start:]
 
@@ -532,6 +512,11 @@ ARC_MARKERS = {"find": re.compile(r"\bfound an? "),
                "goal": re.compile(r"\bwanted to ")}
 
 
+def paragraphs(text: str) -> list[str]:
+    """A story's paragraphs (blank-line separated), stripped, empty ones dropped."""
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
 def plot_arcs(text: str) -> list[str]:
     """The plot arcs a story's text shows (``ARC_MARKERS``), in LONG_PLOT_ARCS order."""
     return [arc for arc in LONG_PLOT_ARCS if ARC_MARKERS[arc].search(text)]
@@ -540,18 +525,14 @@ def plot_arcs(text: str) -> list[str]:
 def lengthen_story(text: str, rng: random.Random, *, kind: str, adj: str | None, name: str,
                    arcs: int = len(LONG_PLOT_ARCS)) -> tuple[str, list[str]] | None:
     """``text`` with plot paragraphs added until it shows ``arcs`` plot arcs (hindsight
-    lengthening), and the arcs added; None when it already shows that many, or when its last
-    paragraph is not a closing one (it shows an arc) or it has fewer than three paragraphs.
-
-    The corpus draws 2-4 arcs a story, so after each arc paragraph "another arc" and "the
-    closing paragraph" are about equally likely and a greedy decoder takes the shortest
-    story it can (~133 tokens for session 17's pair; docs/BENCHMARKS.md, session 18). The new
-    paragraphs are the corpus's own (``_arc_paragraph``) for the story's hero (``kind``,
-    ``adj``, ``name``: ``longcheck.hero_of``), each an arc the story lacks, put in a random
-    order before the closing paragraph; new objects differ from those the story names."""
+    lengthening: a greedy decoder takes the shortest story the corpus allows), and the arcs
+    added; None when it already shows that many, when its last paragraph is not a closing one
+    or when it has fewer than three paragraphs. The new paragraphs are the corpus's own
+    (``_arc_paragraph``) for the story's hero, each an arc the story lacks, in a random order
+    before the closing paragraph; new objects differ from those the story names."""
     if not 1 <= arcs <= len(LONG_PLOT_ARCS):
         raise ValueError(f"arcs must be in [1, {len(LONG_PLOT_ARCS)}], got {arcs!r}")
-    paras = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    paras = paragraphs(text)
     have = plot_arcs(text)
     if len(have) >= arcs or len(paras) < 3 or plot_arcs(paras[-1]):
         return None
@@ -598,10 +579,7 @@ def long_story(rng: random.Random, *, kind: str | None = None, name: str | None 
 
 
 def random_long_story(rng: random.Random, split: str = "train", **constraints) -> str:
-    while True:
-        s = long_story(rng, **constraints)
-        if story_split(s) == split:
-            return s
+    return _in_split(long_story, rng, split, **constraints)
 
 
 # Requests for a long story; every field the request names is honoured by the story.
@@ -659,17 +637,5 @@ def long_request(rng: random.Random, split: str = "train") -> StoryRequest:
 def heldout_long_requests(n: int = 40, seed: int = STORY_EVAL_SEED) -> list[StoryRequest]:
     """Fixed held-out long-story requests (their stories are in the eval split)."""
     rng = random.Random(f"celeris-long-request:{seed}:eval")
-    out: list[StoryRequest] = []
-    seen: set[str] = set()
-    while len(out) < n:
-        r = long_request(rng, "eval")
-        if r.text not in seen:
-            seen.add(r.text)
-            out.append(r)
-    return out
-
-
-def heldout_long_stories(n: int = 64, seed: int = STORY_EVAL_SEED) -> list[str]:
-    rng = random.Random(f"celeris-long-story:{seed}:eval")
-    return [random_long_story(rng, "eval") for _ in range(n)]
+    return _distinct(lambda: long_request(rng, "eval"), n, key=lambda r: r.text)
 

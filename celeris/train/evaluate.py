@@ -14,21 +14,16 @@ from typing import Any
 
 import torch
 
-from celeris.train import tasks as _tasks
 from celeris.train import corpus as _corpus
 from celeris.train import objective
+from celeris.train import tasks as _tasks
+from celeris.train.blockdiff import block_eval_loss
 
 DEFAULT_MODELS = {"diffusion": Path("models/celeris-tiny-bd"), "ar": Path("models/celeris-tiny-ar")}
 CHUNK = 32
 N_SAMPLES_PER_TASK = 2
 HELDOUT_STORIES = 200
 AR_DEFAULT_NEW_TOKENS = 64
-
-
-def _resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def _task_sets(limit: int | None, second: bool = False) -> dict[str, list[_tasks.Example]]:
@@ -96,72 +91,54 @@ def _eval_diffusion(model, overrides, sets, device, started, batch_size: int = C
     extra: dict[str, Any] = {"nfe_mean": nfe / n, "generated_tokens": gen_tokens,
                              "generation_s": round(gen_s, 2), "finish_reasons": finish,
                              "task_seconds": {t: round(v, 3) for t, v in seconds.items()}}
-    model_obj = engine.model
-    if getattr(model_obj.config, "model_type", None) == "celeris":
-        hf = engine.tokenizer.hf
-        seqs = _story_ids(lambda s: list(hf(s, add_special_tokens=False)["input_ids"]),
-                          hf.bos_token_id, engine.tokenizer.special.eos)
-        if model_obj.config.block_causal:   # the block-diffusion loss, as in training
-            from celeris.train.blockdiff import block_eval_loss
-            extra["masked_loss"] = block_eval_loss(
-                model_obj, seqs, model_obj.config.block_size, engine.tokenizer.special.mask,
-                engine.tokenizer.special.pad, device=str(engine.device))["masked_loss"]
-            return _report(name, "diffusion", params.to_dict(), preds, sets, started, extra)
-        ml = objective.masked_eval_loss(
-            model_obj, seqs, engine.tokenizer.special.mask, engine.tokenizer.special.pad,
-            device=str(engine.device), skip_first=0 if hf.bos_token_id is None else 1,
-            autocast=(next(model_obj.parameters()).dtype == torch.float32
-                      and objective.bf16_is_fast(str(engine.device))),
-            batch_size=loss_batch_size)
-        extra["masked_loss"] = ml["masked_loss"]
-        extra["masked_loss_by_ratio"] = ml["by_ratio"]
+    extra.update(_story_loss(engine, loss_batch_size))
     return _report(name, "diffusion", params.to_dict(), preds, sets, started, extra)
+
+
+def _story_loss(engine, batch_size: int) -> dict[str, Any]:
+    """A celeris model's held-out story loss: block-causal, the block-diffusion loss of
+    training; full attention, the masked loss at three ratios. {} for other models."""
+    model, special, device = engine.model, engine.tokenizer.special, str(engine.device)
+    if getattr(model.config, "model_type", None) != "celeris":
+        return {}
+    hf = engine.tokenizer.hf
+    seqs = _story_ids(lambda s: list(hf(s, add_special_tokens=False)["input_ids"]),
+                      hf.bos_token_id, special.eos)
+    if model.config.block_causal:
+        return {"masked_loss": block_eval_loss(model, seqs, model.config.block_size, special.mask,
+                                               special.pad, device=device)["masked_loss"]}
+    ml = objective.masked_eval_loss(
+        model, seqs, special.mask, special.pad, device=device,
+        skip_first=0 if hf.bos_token_id is None else 1, batch_size=batch_size,
+        autocast=(next(model.parameters()).dtype == torch.float32
+                  and objective.bf16_is_fast(device)))
+    return {"masked_loss": ml["masked_loss"], "masked_loss_by_ratio": ml["by_ratio"]}
 
 
 # ----------------------------------------------------------------------------- AR twin
 def _eval_ar(model, overrides, sets, device, started) -> dict[str, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from celeris import ARBaseline
 
-    overrides = dict(overrides or {})
-    max_new = int(overrides.get("gen_length", AR_DEFAULT_NEW_TOKENS))
-    tok = AutoTokenizer.from_pretrained(str(model))
-    tok.padding_side = "left"
-    lm = AutoModelForCausalLM.from_pretrained(str(model)).to(device).eval()
-    eos = [tok.eos_token_id, tok.convert_tokens_to_ids("<|eot|>")]
-    stop = set(eos)
+    max_new = int((overrides or {}).get("gen_length", AR_DEFAULT_NEW_TOKENS))
+    ar = ARBaseline.from_pretrained(str(model), device=device, dtype="float32")
     preds: dict[str, list[str]] = {}
-    gen_tokens = 0
-    t_gen = time.time()
     seconds: dict[str, float] = {}
+    gen_tokens, t_gen = 0, time.time()
     for task, examples in sets.items():
-        out: list[str] = []
         t_task = time.time()
-        for i in range(0, len(examples), CHUNK):
-            chunk = examples[i:i + CHUNK]
-            texts = [tok.apply_chat_template(ex.messages(), add_generation_prompt=True,
-                                             tokenize=False) for ex in chunk]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            enc = {k: v.to(device) for k, v in enc.items()}
-            with torch.inference_mode():
-                gen = lm.generate(**enc, max_new_tokens=max_new, do_sample=False,
-                                  eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                                  use_cache=True)
-            for row in gen[:, enc["input_ids"].shape[1]:].tolist():
-                ids = []
-                for t in row:
-                    if t in stop:
-                        break
-                    ids.append(t)
-                gen_tokens += len(ids)
-                out.append(tok.decode(ids, skip_special_tokens=True))
-        preds[task] = out
+        rows = [r for i in range(0, len(examples), CHUNK) for r in ar.generate_batch(
+            [ex.messages() for ex in examples[i:i + CHUNK]], max_new)]
+        preds[task] = [r["text"] for r in rows]
+        gen_tokens += sum(r["completion_tokens"] for r in rows)
         seconds[task] = round(time.time() - t_task, 3)
     gen_s = time.time() - t_gen
+    tok = ar.tokenizer
     seqs = _story_ids(lambda s: list(tok(s, add_special_tokens=False)["input_ids"]),
                       tok.bos_token_id, tok.eos_token_id)
-    ar = objective.ar_eval_loss(lm, seqs, tok.pad_token_id, device=device, autocast=False)
+    loss = objective.ar_eval_loss(ar.model, seqs, tok.pad_token_id, device=str(ar.device),
+                                  autocast=False)
     params = {"max_new_tokens": max_new, "decoding": "greedy", "kv_cache": True}
-    extra = {"ar_loss": ar["ar_loss"], "generated_tokens": gen_tokens,
+    extra = {"ar_loss": loss["ar_loss"], "generated_tokens": gen_tokens,
              "generation_s": round(gen_s, 2), "task_seconds": seconds}
     return _report(str(model), "ar", params, preds, sets, started, extra)
 
@@ -170,18 +147,16 @@ def evaluate(model: Any = None, *, kind: str = "diffusion",
              overrides: dict[str, Any] | None = None, limit: int | None = None,
              device: str = "cpu", batch_size: int = CHUNK,
              loss_batch_size: int = 32, second_sample: bool = False) -> dict[str, Any]:
-    """Exact-match accuracy per task on the held-out eval sets (+ masked loss for diffusion).
+    """Exact-match accuracy per task on the held-out eval sets (+ held-out loss).
 
     model:     a model directory (default: models/celeris-tiny-bd, or models/celeris-tiny-ar for
                kind="ar"); for kind="diffusion" also an ``Engine``.
     overrides: GenerationParams fields applied over the model's defaults (AR: only gen_length,
                used as max_new_tokens; decoding is greedy with the KV cache).
     limit:     problems per task (default 100, the full fixed eval set).
-    second_sample: score a second held-out sample instead, disjoint from the fixed set
-               (``tasks.second_examples``), to confirm a choice made on the fixed one.
+    second_sample: score ``tasks.second_examples`` instead, disjoint from the fixed set.
     batch_size / loss_batch_size: rows per forward when generating (diffusion) and when
-               measuring the masked loss; larger means fewer forwards (each row's answer does
-               not depend on its batch; the loss's random masks do, within noise).
+               measuring the masked loss (answers do not depend on the batch).
     """
     if kind not in DEFAULT_MODELS:
         raise ValueError(f"kind must be one of {', '.join(DEFAULT_MODELS)}; got {kind!r}")
@@ -189,7 +164,6 @@ def evaluate(model: Any = None, *, kind: str = "diffusion",
     model = DEFAULT_MODELS[kind] if model is None else model
     if not hasattr(model, "generate_batch") and not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"no model at {model} (config.json missing)")
-    device = _resolve_device(device)
     sets = _task_sets(limit, second_sample)
     if kind == "diffusion":
         report = _eval_diffusion(model, overrides, sets, device, started, batch_size,

@@ -1,11 +1,10 @@
 """Does a long story keep its hero and give what its request asked for? Numbers for long stories.
 
 A long story (``corpus.long_story``) keeps one named hero from its first sentence to its last
-paragraph. These checks read that off the text with the lexicon of ``celeris.train.storycheck``:
-who the first sentence introduces (``hero_of``), which names the story introduces later ("met a
-shy cat named Mia"), and whether every name it uses was introduced, once (``hero_kept``);
-``request_honoured`` checks the story against its request, ``long_score`` scores a batch (with
-``storycheck.score``'s grammar; ``celeris bench --suite stories`` scores a model with it).
+paragraph. These checks read that off the text with ``storycheck``'s lexicon: who the first
+sentence introduces (``hero_of``), whether every name the story uses was introduced, once
+(``hero_kept``), whether it gives what its request asked for (``request_honoured``);
+``long_score`` scores a batch (``celeris bench --suite stories`` scores a model with it).
 """
 
 from __future__ import annotations
@@ -15,10 +14,9 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from celeris.train import corpus as C
+from celeris.train.corpus import paragraphs
 from celeris.train.storycheck import SENTENCE, lexicon, lexicon_pattern, score, sentences
 
-LONG_REQUESTS = 40            # held-out long-story requests a model answers
-LONG_NEW_TOKENS = 448         # the longest corpus story is ~400 tokens
 ASK_KEYS = ("kind", "adj", "name", "place", "obj")
 
 
@@ -76,20 +74,13 @@ def _names(text: str) -> list[re.Match]:
     return [m for m in pat.finditer(text) if tags[m.group(0).lower()] == "NAME"]
 
 
-def paragraphs(text: str) -> list[str]:
-    """The story's paragraphs (blank-line separated), stripped, empty ones dropped."""
-    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
-
-
 def hero_kept(text: str, *, name_in_last: bool = False) -> tuple[bool, str]:
     """(True, "") when the story keeps one named hero; else (False, the first violation).
 
     The first sentence introduces a named hero; every name the story uses was introduced
-    before (by that sentence or by a later "named X"/"called X"); no name is introduced twice
-    (the hero's with another kind would be a new hero); the last paragraph names the hero, or
-    names nobody. The corpus itself ends ~5% of its long stories with pronouns only ("He felt
-    angry. And they all lived happily ever after."), so a name-less last paragraph passes
-    unless ``name_in_last``; one that names only others (the story drifted) never does."""
+    before (by that sentence or a later "named X"/"called X"); no name is introduced twice;
+    the last paragraph names the hero, or (unless ``name_in_last``) nobody: the corpus ends a
+    few stories with pronouns only, but one that names only others has drifted."""
     hero = hero_of(text)
     if hero is None:
         return False, "the first sentence introduces no named hero"
@@ -152,17 +143,10 @@ def _verdict(misses: list[tuple[str, str]]) -> tuple[bool, str]:
     return (False, misses[0][1]) if misses else (True, "")
 
 
-def request_fields(texts: list[str], asks: list[dict]) -> dict[str, dict[str, int]]:
-    """For each field the requests ask for (``ASK_KEYS`` order): how many of them ask for it
-    and how many of their stories give it, e.g. ``{"adj": {"asked": 10, "honoured": 0}}``,
-    so a request figure says which part of the requests a model ignores."""
-    if len(asks) != len(texts):
-        raise ValueError(f"asks: expected one per text ({len(texts)}), got {len(asks)}")
-    return _field_counts([(a, request_misses(text, a)) for text, a in zip(texts, asks)])
-
-
 def _field_counts(checked: list[tuple[dict, list[tuple[str, str]]]]) -> dict[str, dict[str, int]]:
-    """``request_fields`` from (asks, request_misses) pairs already computed."""
+    """For each field the requests ask for (``ASK_KEYS`` order), from (asks, request_misses)
+    pairs: how many ask for it and how many of their stories give it, e.g.
+    ``{"adj": {"asked": 10, "honoured": 0}}``: which part of the requests a model ignores."""
     out = {k: {"asked": 0, "honoured": 0} for k in ASK_KEYS}
     for a, misses in checked:
         missed = {k for k, _ in misses}
@@ -173,7 +157,7 @@ def _field_counts(checked: list[tuple[dict, list[tuple[str, str]]]]) -> dict[str
 
 
 def fields_line(fields: dict[str, dict[str, int]]) -> str:
-    """``request_fields`` as one line: "kind 33/33, adj 0/10, place 0/6"."""
+    """``long_score``'s request_fields as one line: "kind 33/33, adj 0/10, place 0/6"."""
     return ", ".join(f"{k} {v['honoured']}/{v['asked']}" for k, v in fields.items())
 
 
@@ -195,11 +179,9 @@ def first_found_object(text: str) -> str | None:
 
 def objects_kept(text: str) -> tuple[bool, str]:
     """(True, "") when every object a story finds stays that object; else (False, the first
-    switch). In the corpus a paragraph that says "found a red coin" goes on with "the coin was
-    heavy and old." and "Lucy took the coin home."; a model that drifts writes "the pumpkin
-    was new" or "took the key home" after finding a coin, which every sentence's grammar
-    allows. Only object words that follow "found a/an [colour]" and "the ..." in the same
-    paragraph are compared."""
+    switch): after "found a red coin" a drifting model writes "the pumpkin was new", which
+    every sentence's grammar allows. Only object words after "found a/an [colour]" and
+    "the ..." in the same paragraph are compared."""
     found, later = _object_patterns()
     for para in paragraphs(text):
         m = found.search(para)
@@ -214,8 +196,7 @@ def objects_kept(text: str) -> tuple[bool, str]:
 
 def repeated_sentences(text: str) -> tuple[int, int]:
     """(sentences that repeat an earlier sentence of the same story word for word, all
-    sentences). The corpus repeats a few short ones ("They laughed and had fun."); a model
-    stuck in a loop repeats many."""
+    sentences): a model stuck in a loop repeats many."""
     seen: set[str] = set()
     repeats = 0
     done, _ = sentences(text)
@@ -227,11 +208,8 @@ def repeated_sentences(text: str) -> tuple[int, int]:
 
 
 def without_repeats(text: str) -> str:
-    """The story with every sentence that repeats an earlier one word for word removed (the
-    sentences ``repeated_sentences`` counts), spacing and paragraphs kept; a paragraph left
-    empty goes. A looping model's answer becomes one worth imitating for self-distillation:
-    the shipped block model and its twin repeat ~21% of their sentences, so almost none of their
-    stories passes a no-repeat filter as written."""
+    """The story without the sentences ``repeated_sentences`` counts, spacing and paragraphs
+    kept (a paragraph left empty goes): a looping model's answer made worth imitating."""
     seen: set[str] = set()
     out = []
     for para in paragraphs(text):
@@ -251,13 +229,9 @@ def without_repeats(text: str) -> str:
 
 
 def distinct_sentences(texts: list[str]) -> float:
-    """Of all the sentences of ``texts``, the fraction that are distinct, with every
-    character's name replaced by one placeholder (so "Zoe found a yellow shoe." and "Jake
-    found a yellow shoe." are the same sentence). A model that answers every request with
-    one story in which only the hero changes scores low however grammatical that story is:
-    greedy decoding and self-distillation on greedy answers both pull towards such a mode.
-    The corpus's stories for the 40 held-out requests score 0.65 (its grammar reuses
-    short sentences such as "They played all day long.")."""
+    """Of all the sentences of ``texts``, the fraction that are distinct once every name is
+    one placeholder: a model that answers every request with one story in which only the
+    hero changes scores low however grammatical that story is."""
     pat, tags = lexicon_pattern()
 
     def key(sent: str) -> str:
@@ -276,13 +250,10 @@ def finished(text: str) -> bool:
 
 def long_score(texts: list[str], requests: list[C.StoryRequest] | None = None) -> dict:
     """Score long stories: ``score``'s grammatical fraction over all their sentences, the
-    fraction that keep their hero, the fraction that honour their request (``requests[i]``
-    asked for ``texts[i]``; None when no requests are given) and, field by field, how many
-    ask for it and get it (``request_fields``), the fraction whose found objects
-    stay the same (``objects_kept``), the fraction of all sentences that repeat an earlier one
-    of their story (``repeated_sentences``), the fraction of distinct sentences across all the
-    texts (``distinct_sentences``), and up to 5 failures with the reason.
-    ``unfinished`` counts texts that stop mid-sentence (e.g. cut by the length cap)."""
+    fractions that keep their hero, honour their request (``requests[i]`` asked for
+    ``texts[i]``; None without requests; per field in ``request_fields``) and keep their
+    found objects, the fraction of sentences that repeat an earlier one, the fraction of
+    distinct sentences, the texts that stop mid-sentence and up to 5 failures with reasons."""
     if requests is not None and len(requests) != len(texts):
         raise ValueError(f"requests: expected one per text ({len(texts)}), got {len(requests)}")
     grammar = score(texts)

@@ -1,16 +1,11 @@
 """Is a generated story sentence one the story grammar can produce? A number for story quality.
 
 Exact match cannot score free text, so this checks *shape*: every lexicon word or phrase of
-``celeris.train.corpus`` is replaced by its category (``NAME``, ``KIND``, ``ADJ``, ``OBJ``,
-``PLACE`` ...), and a sentence counts as grammatical when its category template occurs among the
-templates of a large sample of generated stories. ``a curious old named Oscar.`` becomes
-``a ADJ ADJ named NAME.``, which the grammar never writes (it always has a ``KIND`` there).
-
-The same lexicon reads the characters of a long story: see ``celeris.train.longcheck``.
-
-It is a recogniser for this one grammar, not a general grammar checker: a fluent sentence the
-grammar cannot produce counts as a miss, and a sentence can mix a valid shape with odd word
-choices (``the fox baked cakes in the snow``) and still count.
+``corpus`` is replaced by its category (``NAME``, ``KIND``, ``ADJ``, ``OBJ``, ``PLACE`` ...),
+and a sentence counts as grammatical when its category template occurs among the templates of
+a large sample of generated stories: ``a curious old named Oscar.`` becomes ``a ADJ ADJ named
+NAME.``, which the grammar never writes. It recognises this one grammar: a fluent sentence the
+grammar cannot produce is a miss, and a valid shape with odd words still counts.
 """
 
 from __future__ import annotations
@@ -81,9 +76,7 @@ def sentences(text: str) -> tuple[list[str], str]:
 def known_templates(n: int = SAMPLE_STORIES,
                     n_long: int = SAMPLE_LONG_STORIES) -> frozenset[str]:
     """Templates of every sentence in ``n`` short and ``n_long`` long training-split stories
-    (both seeded, so the set is fixed). Long stories are built from the same arcs, but put
-    them side by side more often (a friend met in one paragraph helps find a lost thing in
-    the next), so a few of their sentence shapes are rare among short stories."""
+    (seeded, so the set is fixed; long stories combine the arcs more freely)."""
     rng = random.Random("celeris-storycheck-long:0")
     long_stories = [C.random_long_story(rng, "train") for _ in range(n_long)]
     out: set[str] = set()
@@ -93,12 +86,9 @@ def known_templates(n: int = SAMPLE_STORIES,
 
 
 def score(texts: list[str], prefixes: list[str] | None = None) -> dict:
-    """Fraction of complete sentences whose template the grammar produces.
-
-    ``prefixes`` (the prompts) are glued in front of each text first, so a continuation that
-    completes the prompt's sentence is judged as that whole sentence. An unfinished tail (no
-    final punctuation, e.g. cut by the length limit) is counted apart, not scored.
-    """
+    """Fraction of complete sentences whose template the grammar produces. ``prefixes`` (the
+    prompts) are glued in front of each text first, so a continuation is judged with the
+    sentence it completes; an unfinished tail is counted apart, not scored."""
     known = known_templates()
     ok = total = unfinished = 0
     bad: list[str] = []
@@ -174,13 +164,9 @@ class InfillItem(NamedTuple):
 
 
 def infill_items(n: int = INFILL_ITEMS) -> list[InfillItem]:
-    """(context, sentence with one ``[MASK]``, the word it hides) for ``n`` held-out stories.
-
-    The hidden word of item ``i`` is drawn from the lexicon words (names, kinds, adjectives,
-    objects, places, activities) of held-out story ``i`` with a seeded RNG, so the list is
-    fixed. ``context`` is the story's text before that sentence ("" for its first sentence):
-    a mid-story sentence such as ``That night, [MASK] had sweet dreams.`` names someone the
-    story introduced earlier."""
+    """(context, sentence with one ``[MASK]``, the word it hides) for ``n`` held-out stories:
+    the hidden word of item ``i`` is one of the ``INFILL_TAGS`` words of held-out story ``i``
+    (seeded, so the list is fixed); ``context`` is the story before that sentence."""
     if not isinstance(n, int) or not 1 <= n <= 200:
         raise ValueError(f"n must be an integer in [1, 200], got {n!r}")
     pat, tags = lexicon_pattern()
@@ -200,14 +186,9 @@ def infill_items(n: int = INFILL_ITEMS) -> list[InfillItem]:
 
 def measure_infill(model_dir: str, *, n: int = INFILL_ITEMS, context: bool = True) -> dict:
     """Fill the masked word of ``infill_items(n)`` with a diffusion model (its default
-    decoding; the span is the hidden word's own token count, so length is not the test) and
-    score the filled sentence like a story sentence.
-
-    context=True: the model sees the story before the sentence (pinned) and the sentence;
-    only the filled sentence is scored. context=False: the sentence alone, a harder test,
-    since the model learned whole stories and never saw one start mid-story. ``exact``
-    counts fills equal to the hidden word (many other words are just as right, so it is a
-    floor, not the metric)."""
+    decoding, the hidden word's own token count as span) and score the filled sentence like
+    a story sentence, with the story before it pinned (``context``) or the sentence alone.
+    ``exact`` counts fills equal to the hidden word (a floor: other words are as right)."""
     from celeris import Engine
 
     engine = Engine.from_pretrained(model_dir, device="cpu")
