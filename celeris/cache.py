@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .kernels import fused_kernels, write_kv
+
 
 class SlotKVCache:
     """The exact, append-only KV cache of block-causal models (Arriola et al. 2025, BD3-LM;
@@ -115,6 +117,11 @@ class SlotView:
     place, (B, Hkv, Lk, D) with Lk the longest row's end: no per-layer copy of the cached
     prefix. Keys past a row's end (another request's leftovers, a longer row's positions) are
     masked; a block-causal model's own mask hides a row's positions after its current block.
+
+    The write is in place, in one of three ways chosen per forward: on CUDA at inference one
+    Triton launch a layer writes every run of k and v (``kernels.write_kv``); elsewhere a slice
+    copy per run (a few runs) or an indexed copy per tensor (many); inside torch.compile always
+    the indexed copy, whose index tensors keep a run's numbers out of the traced graph.
     """
 
     def __init__(self, cache: SlotKVCache, slots: list[int], ends: list[int],
@@ -135,21 +142,34 @@ class SlotView:
         self._index = None
         if len(runs) > MAX_SLICE_RUNS:
             self._index = run_index(runs, dev)
+        self._fused: bool | None = None          # decided at the first layer's write
+        self._table: torch.Tensor | None = None  # the run table of the fused write
+
+    def prepare_index(self) -> None:
+        """Build the index tensors now (torch.compile traces the indexed write only)."""
+        if self._index is None:
+            self._index = run_index(self._runs, self.cache.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the marked columns of k/v (B, Hkv, W, D) into their slots; return the slots'
         first Lk positions, (B, Hkv, Lk, D) (a view when the slots are consecutive)."""
-        out = []
-        for store, new in ((self.cache.k[layer], k), (self.cache.v[layer], v)):
-            if self._index is not None:
-                row, col, slot, pos = self._index
+        k_store, v_store = self.cache.k[layer], self.cache.v[layer]
+        if self._index is None and torch.compiler.is_compiling():
+            self.prepare_index()
+        if self._index is not None:
+            row, col, slot, pos = self._index
+            for store, new in ((k_store, k), (v_store, v)):
                 store[slot, :, pos] = new[row, :, col].to(store.dtype)          # (N, Hkv, D)
-            else:
-                for row, col, slot, pos, n in self._runs:
-                    store[slot, :, pos:pos + n] = new[row, :, col:col + n]        # (Hkv, n, D)
-            out.append(store[self._rows, :, :self.keys].to(k.dtype))
-        return out[0], out[1]
+        else:
+            if self._fused is None:
+                self._fused = fused_kernels(k)
+            if self._fused and self._table is None:
+                self._table = torch.tensor(self._runs, dtype=torch.int64,
+                                           device=k.device).view(-1, 5)        # (R, 5)
+            write_kv(k, v, k_store, v_store, self._runs, self._table, fused=self._fused)
+        return (k_store[self._rows, :, :self.keys].to(k.dtype),
+                v_store[self._rows, :, :self.keys].to(v.dtype))
 
 
 def write_runs(writes: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int, int]]:

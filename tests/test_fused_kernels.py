@@ -172,12 +172,22 @@ def test_fused_kernels_match_twins_on_cuda(dtype):
     cos, sin = rope_tables(pos, 128, 500000.0, dtype)
     for g, wnt in zip(rope_qk_triton(q, k, cos, sin), rope_qk_reference(q, k, cos, sin)):
         _same(g, wnt)
+    from celeris.kernels import write_kv_reference
+    from celeris.kernels.triton_kv_write import run_table, write_kv_triton
+    ks, vs = (torch.zeros(4, 8, 1024, 128, dtype=dtype, device="cuda") for _ in range(2))
+    ks2, vs2 = ks.clone(), vs.clone()
+    kt, vt = k.transpose(1, 2), q[:, :, :8].transpose(1, 2)                 # (1, 8, 32, 128)
+    runs = [(0, 1, 2, 544, 31)]
+    write_kv_triton(kt, vt, ks, vs, run_table(runs, kt.device), 31)
+    write_kv_reference(kt, vt, ks2, vs2, runs)
+    assert torch.equal(ks, ks2) and torch.equal(vs, vs2)
 
 
 AOT_CHECK = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+import celeris.kernels.triton_kv_write as w
 import celeris.kernels.triton_norm_rope as k
 
 I32 = ("sq_t", "sq_h", "sk_t", "sk_h", "sqo_t", "sqo_h", "sko_t", "sko_h", "sc_t", "ss_t",
@@ -196,12 +206,18 @@ for dt in ("bf16", "fp32", "fp16"):
                    BLOCK_HALF="constexpr", BLOCK_TAIL="constexpr")
         src = ASTSource(k._rope_kernel, sig, dict(HAS_NORM=flag, BLOCK_HALF=32, BLOCK_TAIL=2))
         assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
+    sig = dict(k_ptr=f"*{dt}", v_ptr=f"*{dt}", ks_ptr=f"*{dt}", vs_ptr=f"*{dt}",
+               runs_ptr="*i64", **{n: "i64" for n in ("sk_b", "sk_h", "sk_w", "sv_b", "sv_h",
+                                                       "sv_w", "st_s", "st_h", "st_l")},
+               D="i32", BLOCK_W="constexpr", BLOCK_D="constexpr")
+    src = ASTSource(w._kv_write_kernel, sig, dict(BLOCK_W=16, BLOCK_D=128))
+    assert triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["cubin"]
 print("compiled")
 """
 
 
 def test_kernels_compile_for_a_hopper_gpu_without_one():
-    """The interpreter does not type-check a kernel as the GPU compiler does: compile both to
+    """The interpreter does not type-check a kernel as the GPU compiler does: compile each to
     sm_90 machine code (Triton's bundled ptxas; no GPU needed) for each dtype and flag."""
     import subprocess
     import sys
@@ -216,3 +232,58 @@ def test_kernels_compile_for_a_hopper_gpu_without_one():
     proc = subprocess.run([sys.executable, "-c", AOT_CHECK], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "compiled", proc.stderr[-2000:]
+
+
+def _window_and_cache(dtype, seed=21):
+    B, Hkv, W, D, slots, L = 3, 2, 9, 6, 5, 24
+    k = _randn(B, W, Hkv, D, seed=seed, dtype=dtype).transpose(1, 2)         # (B, Hkv, W, D)
+    v = _randn(B, W, Hkv, D, seed=seed + 1, dtype=dtype).transpose(1, 2)
+    stores = [_randn(slots, Hkv, L, D, seed=seed + 2 + i, dtype=dtype) for i in range(4)]
+    return k, v, stores
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kv_write_kernel_matches_the_slice_copies(dtype):
+    from celeris.kernels import write_kv_reference
+    from celeris.kernels.triton_kv_write import run_table, write_kv_triton
+    k, v, (ks, vs, ks2, vs2) = _window_and_cache(dtype)
+    ks2.copy_(ks)
+    vs2.copy_(vs)
+    # row 0 -> slot 3 (a run of 7 after 2 query-only columns), row 2 -> slot 0 in two runs,
+    # row 1 writes nothing
+    runs = [(0, 2, 3, 10, 7), (2, 0, 0, 0, 4), (2, 4, 0, 17, 5)]
+    write_kv_triton(k, v, ks, vs, run_table(runs, k.device), max(r[4] for r in runs))
+    write_kv_reference(k, v, ks2, vs2, runs)
+    assert torch.equal(ks, ks2) and torch.equal(vs, vs2)
+    assert torch.equal(ks[3, :, 10:17], k[0, :, 2:9]) and torch.equal(vs[0, :, 17:22], v[2, :, 4:9])
+
+
+def test_kv_write_kernel_covers_runs_longer_than_one_program():
+    from celeris.kernels.triton_kv_write import BLOCK_W, run_table, write_kv_triton
+    W = 2 * BLOCK_W + 3
+    k, v = _randn(1, 2, W, 4, seed=30), _randn(1, 2, W, 4, seed=31)
+    ks, vs = torch.zeros(2, 2, 64, 4), torch.zeros(2, 2, 64, 4)
+    write_kv_triton(k, v, ks, vs, run_table([(0, 0, 1, 5, W)], k.device), W)
+    assert torch.equal(ks[1, :, 5:5 + W], k[0]) and torch.equal(vs[1, :, 5:5 + W], v[0])
+    assert ks[0].abs().sum() == 0 and ks[1, :, :5].abs().sum() == 0
+    assert ks[1, :, 5 + W:].abs().sum() == 0
+
+
+def test_slot_view_forced_fused_write_equals_the_torch_write(monkeypatch):
+    """The cache's fused write (forced on CPU) leaves the slots as the slice copies do, and
+    attention reads the same keys."""
+    from celeris.cache import SlotKVCache
+    k, v, _ = _window_and_cache(torch.float32, seed=40)
+    writes = [(0, c, 1, 4 + c) for c in range(3, 9)] + [(1, c, 2, c) for c in range(9)]
+    got = []
+    for mode in ("triton", "torch"):
+        monkeypatch.setenv("CELERIS_KERNELS", mode)
+        kv = SlotKVCache(2, 2, 6, 32, torch.float32, torch.device("cpu"), slots=4, length=16)
+        view = kv.bind([1, 2], [13, 9], writes)
+        with torch.no_grad():
+            got.append((view.update(1, k[:2], v[:2]), kv.k[1].clone(), kv.v[1].clone()))
+        assert view._fused == (mode == "triton")
+    (a, ka, va), (b, kb, vb) = got
+    assert torch.equal(ka, kb) and torch.equal(va, vb)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert a[0].shape == (2, 2, 13, 6)

@@ -4,7 +4,8 @@
 CELERIS_KERNELS=torch to force the twin (e.g. to compare on a GPU). The model's fused RMSNorm
 and rotary embedding (``rms_norm``, ``rope_qk``) take the Triton kernels when
 ``fused_kernels(x)`` says so: inference on CUDA tensors, outside torch.compile (inductor fuses
-the same ops itself). CELERIS_KERNELS=triton forces them on any device, which on a CPU works
+the same ops itself); so does the KV cache's write (``write_kv``: every run of k and v in one
+launch). CELERIS_KERNELS=triton forces them on any device, which on a CPU works
 only under TRITON_INTERPRET=1 (the tests).
 """
 
@@ -15,6 +16,7 @@ import os
 
 import torch
 
+from .kv_write_reference import write_kv_reference
 from .norm_rope_reference import rms_norm_reference, rope_qk_reference
 from .reference import ALL_STATS, BlockStats, block_stats_reference, gumbel_scores
 
@@ -59,6 +61,19 @@ def rope_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     return rope_qk_reference(q, k, cos, sin, q_weight, k_weight, eps)
 
 
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_store: torch.Tensor, v_store: torch.Tensor,
+             runs: list[tuple[int, int, int, int, int]], table: torch.Tensor | None = None,
+             fused: bool = False) -> None:
+    """Runs (row, column, slot, position, length) of k and v (B, Hkv, W, D) into the stores
+    (slots, Hkv, L, D), in place: one Triton launch when ``fused`` (``table``: the runs as an
+    (R, 5) int64 tensor on the stores' device), a slice copy per run otherwise."""
+    if fused:
+        from .triton_kv_write import write_kv_triton
+        return write_kv_triton(k, v, k_store, v_store, table,
+                               max((r[4] for r in runs), default=0))
+    return write_kv_reference(k, v, k_store, v_store, runs)
+
+
 def block_stats(logits: torch.Tensor, temperature: torch.Tensor | None = None,
                 uniform: torch.Tensor | None = None,
                 need: tuple[str, ...] = ALL_STATS) -> BlockStats:
@@ -73,4 +88,4 @@ def block_stats(logits: torch.Tensor, temperature: torch.Tensor | None = None,
 
 __all__ = ["BlockStats", "block_stats", "block_stats_reference", "fused_kernels",
            "gumbel_scores", "rms_norm", "rms_norm_reference", "rope_qk", "rope_qk_reference",
-           "triton_available"]
+           "triton_available", "write_kv", "write_kv_reference"]
