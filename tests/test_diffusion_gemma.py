@@ -39,9 +39,11 @@ SAMPLER = {"max_denoising_steps": 6, "t_min": 0.4, "t_max": 0.8,
 
 
 def write_tiny_diffusion_gemma(path: Path, seed: int = 0, canvas: int = CANVAS,
-                               text: dict | None = None) -> Path:
+                               text: dict | None = None, eos_boost: float = 1.0,
+                               sampler: dict | None = None) -> Path:
     """A random DiffusionGemma in transformers' own format: tokenizer (Gemma's pad/eos/bos
-    ids 0/1/2), config.json, model.safetensors and the sampler's generation_config.json."""
+    ids 0/1/2), config.json, model.safetensors and the sampler's generation_config.json.
+    ``eos_boost`` scales EOS's (tied) embedding row, making EOS likelier."""
     path.mkdir(parents=True, exist_ok=True)
     vocab = write_family_tokenizer(path, SPECIALS, eos_token="<eos>", pad_token="<pad>",
                                    bos_token="<bos>")
@@ -60,8 +62,10 @@ def write_tiny_diffusion_gemma(path: Path, seed: int = 0, canvas: int = CANVAS,
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):     # the encoder's and the decoder's differ
                 b.copy_(0.6 + 0.8 * torch.rand(b.shape, generator=g))
+        model.model.decoder.embed_tokens.weight[1] *= eos_boost
     model.save_pretrained(str(path))
-    (path / "generation_config.json").write_text(json.dumps(SAMPLER), encoding="utf-8")
+    (path / "generation_config.json").write_text(json.dumps({**SAMPLER, **(sampler or {})}),
+                                                 encoding="utf-8")
     return path
 
 
@@ -184,3 +188,172 @@ def test_missing_weight_and_unsupported_options_are_refused_by_name(ckpt, tmp_pa
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelLoadError, match="rope_type must be one of default, proportional"):
         load_model(tmp_path / "m", device="cpu")
+
+
+# ------------------------------------------------------------------ generation
+class ArgmaxOnly(LogitsProcessor):
+    """For the reference's generate(): every logit but the best is -inf, so its sampler
+    draws the argmax, its entropies are 0 and its self-conditioning is one-hot: the
+    vanishing-temperature limit, which Celeris runs at temperature 0."""
+
+    def __call__(self, input_ids, scores, cur_step=None):
+        best = scores.argmax(-1, keepdim=True)
+        return torch.full_like(scores, float("-inf")).scatter(-1, best, scores.gather(-1, best))
+
+
+PROMPT = torch.randint(5, 300, (11,), generator=torch.Generator().manual_seed(1)).tolist()
+GEN = 4 * CANVAS
+
+
+@pytest.fixture(scope="module")
+def eos_ckpt(tmp_path_factory) -> Path:
+    """EOS made likelier (some answers stop inside a canvas, some run to the cap), and an
+    adaptive stop the sampled runs can meet (no stability steps, a confidence threshold
+    between the canvases' mean entropies), so some canvases end before the step cap."""
+    return write_tiny_diffusion_gemma(tmp_path_factory.mktemp("dgemma") / "tiny-dgemma-eos",
+                                      eos_boost=1.4, sampler={"confidence_threshold": 2.0,
+                                                              "stability_threshold": 0})
+
+
+@pytest.fixture(scope="module")
+def engine_and_ref(eos_ckpt):
+    return (Engine.from_pretrained(eos_ckpt, device="cpu", dtype="float32"),
+            HFModel.from_pretrained(str(eos_ckpt)).eval())
+
+
+def _canvases(result, gen: int) -> int:
+    n = len(result.token_ids)
+    return n // CANVAS + 1 if result.finish_reason.value == "stop" else -(-gen // CANVAS)
+
+
+def reference(ref, prompt: list[int], gen: int, seed: int, greedy: bool, **kw
+              ) -> tuple[list[int], int]:
+    """The reference generate()'s answer (before the first EOS, at most ``gen`` tokens) and
+    its decoder forward count, seeded like Celeris's request generator."""
+    torch.manual_seed(seed)
+    if greedy:
+        kw["logits_processor"] = transformers.LogitsProcessorList([ArgmaxOnly()])
+    out = ref.generate(torch.tensor([prompt]), max_new_tokens=gen, eos_token_id=1,
+                       pad_token_id=0, **kw)
+    new = out.sequences[0, len(prompt):].tolist()
+    cut = new.index(1) if 1 in new else len(new)
+    valid = sum(1 for t in new if t != 0)
+    return new[:min(cut, gen)], round(valid / float(out.tokens_per_forward[0]))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_generate_equals_the_reference_generate_token_for_token(engine_and_ref, temperature):
+    """Temperature 1 is the checkpoint's sampler as published (linear temperature schedule,
+    multinomial draws, entropy-bound acceptance, renoising, adaptive stop); both sides draw
+    from a generator seeded with the request's seed in the same order, so the sampled runs
+    are deterministic and comparable. Temperature 0 is compared with the reference run
+    through ``ArgmaxOnly``. Both: the same tokens and the same number of decoder forwards."""
+    engine, ref = engine_and_ref
+    finishes, early = set(), 0
+    for seed in range(4):
+        params = engine.default_params().replace(gen_length=GEN, seed=seed,
+                                                 temperature=temperature)
+        got = engine.generate(PROMPT, params)
+        want, forwards = reference(ref, PROMPT, GEN, seed, greedy=temperature == 0)
+        assert list(got.token_ids) == want, seed
+        assert got.nfe == forwards, seed
+        finishes.add(got.finish_reason.value)
+        steps = SAMPLER["max_denoising_steps"] * _canvases(got, GEN)
+        early += got.nfe < steps
+        assert got.nfe <= steps
+    assert finishes == {"stop", "length"}           # EOS inside a canvas, and the cap
+    assert engine.default_params().temperature == 1.0
+    assert early > 0                                # the adaptive stop ended some canvases
+
+
+def test_stability_rule_runs_like_the_reference(ckpt):
+    """The published default of one stability step (the argmax must repeat), on the
+    first checkpoint, sampled and at temperature 0."""
+    engine = Engine.from_pretrained(ckpt, device="cpu", dtype="float32")
+    ref = HFModel.from_pretrained(str(ckpt)).eval()
+    assert engine.layout.sampler["stability_threshold"] == 1
+    for seed, temperature in ((0, 1.0), (2, 0.0)):
+        params = engine.default_params().replace(gen_length=2 * CANVAS, seed=seed,
+                                                 temperature=temperature)
+        got = engine.generate(PROMPT, params)
+        want, forwards = reference(ref, PROMPT, 2 * CANVAS, seed, greedy=temperature == 0)
+        assert (list(got.token_ids), got.nfe) == (want, forwards)
+
+
+def test_given_steps_cap_each_canvas_like_max_denoising_steps(engine_and_ref):
+    engine, ref = engine_and_ref
+    blocks = GEN // CANVAS
+    params = engine.default_params().replace(gen_length=GEN, seed=4, steps=3 * blocks)
+    got = engine.generate(PROMPT, params)
+    want, forwards = reference(ref, PROMPT, GEN, 4, greedy=False, max_denoising_steps=3)
+    assert list(got.token_ids) == want and got.nfe == forwards <= 3 * blocks
+
+
+def test_a_batch_decodes_each_request_as_alone(engine_and_ref):
+    """Rows at different canvases and prompt lengths share the decoder forward (caches
+    right-padded and masked, self-conditioning only where a row has it). A padded row's
+    logits differ from its solo ones by float rounding only, so at temperature 0 every row
+    gives its solo tokens; a sampled row can turn such a difference into another draw, so
+    at temperature 1 the logits are what is compared."""
+    engine, _ = engine_and_ref
+    prompts = [PROMPT, PROMPT[:4], PROMPT[:9] + [7, 8, 9, 10, 11]]
+    for seeds in ((0, 3, 5),):
+        params = [engine.default_params().replace(gen_length=GEN, seed=s, temperature=0.0)
+                  for s in seeds]
+        batch = engine.generate_batch(prompts, params)
+        alone = [engine.generate(p, q) for p, q in zip(prompts, params)]
+        assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+        assert [r.nfe for r in batch] == [r.nfe for r in alone]
+    from celeris.engine.gemma_layout import _CanvasState
+    model = engine.model
+    caches = [model.encode(torch.tensor([p])) for p in prompts]
+    keys, values, masks = engine.layout._batched_cache([_CanvasState(c) for c in caches])
+    assert masks is not None and masks[1] is not None        # the full layers are padded
+    canvas = _ids(model.config.vocab_size, CANVAS, B=3, seed=9)
+    pos = torch.tensor([[len(p)] for p in prompts]) + torch.arange(CANVAS)
+    sc = torch.randn(3, CANVAS, model.config.vocab_size, generator=torch.Generator()
+                     .manual_seed(0))
+    has_sc = torch.tensor([True, False, True])
+    batched = model.denoise(canvas, pos, keys, values, masks, sc, has_sc)
+    for b, c in enumerate(caches):
+        solo = model.denoise(canvas[b:b + 1], pos[b:b + 1], c.keys, c.values, None,
+                             sc[b:b + 1] if has_sc[b] else None)
+        torch.testing.assert_close(batched[b:b + 1], solo, atol=2e-5, rtol=1e-5)
+
+
+def test_stream_commits_canvas_by_canvas_and_ends_with_the_result(engine_and_ref):
+    engine, _ = engine_and_ref
+    params = engine.default_params().replace(gen_length=GEN, seed=0, temperature=1.0,
+                                             suppress_eos=True)
+    items = list(engine.stream(PROMPT, params))
+    events, result = items[:-1], items[-1]
+    assert result.finish_reason.value == "length" and len(result.token_ids) == GEN
+    assert 1 not in result.token_ids                      # suppress_eos honoured
+    commits = [e for e in events if e.committed]
+    assert [len(e.committed) for e in commits] == [CANVAS] * (GEN // CANVAS)
+    assert all(e.block == i for i, e in enumerate(commits))
+    assert len(events) == result.nfe and events[-1].text == result.text
+    texts = [e.text for e in events]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    canvas = events[0].canvas                             # nothing final before a canvas ends
+    assert set(canvas[:CANVAS]) == {engine.special.mask}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"block_length": 4}, "block_length must be the model's canvas_length \\(8\\)"),
+    ({"top_k": 5}, "top_k must be 0 for DiffusionGemma"),
+    ({"top_p": 0.9}, "top_p must be 1.0 for DiffusionGemma"),
+    ({"cfg_scale": 1.0, "cache": "none"}, "cfg_scale must be 0 for DiffusionGemma"),
+    ({"cache": "dual"}, "cache must be 'prefix' or 'none'"),
+])
+def test_unsupported_request_options_are_refused_by_name(engine_and_ref, change, words):
+    engine, _ = engine_and_ref
+    with pytest.raises(ValueError, match=words):
+        engine.generate(PROMPT, engine.default_params().replace(gen_length=8, **change))
+
+
+def test_info_names_the_family_and_the_canvas(engine_and_ref):
+    engine, _ = engine_and_ref
+    info = engine.info()
+    assert (info["family"], info["architecture"], info["attention"], info["block_size"]) == \
+        ("DiffusionGemma", "diffusion_gemma", "block_causal", CANVAS)

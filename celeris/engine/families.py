@@ -45,8 +45,10 @@ def read_generation_defaults(model_dir: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
     known = set(GenerationParams.field_names())
     defaults = {k: v for k, v in raw.items() if k in known}
-    if "alg" in raw and "remasking" not in defaults:     # Dream's spelling
-        defaults["remasking"] = raw["alg"]
+    for theirs, ours in (("alg", "remasking"), ("editing_threshold", "edit_threshold"),
+                         ("max_post_steps", "max_post_edit_steps")):   # Dream's, LLaDA2.1's
+        if theirs in raw and ours not in defaults:
+            defaults[ours] = raw[theirs]
     try:
         GenerationParams.from_dict(defaults)
     except ValueError as exc:
@@ -62,6 +64,8 @@ FAMILY_SAMPLERS: dict[str, dict[str, Any]] = {
     "fast_dllm_v2": {"block_length": 8, "decoding": "threshold", "threshold": 0.9,
                      "first_token": "greedy"},
     "llada2": {"decoding": "threshold", "threshold": 0.95},
+    # DiffusionGemma: its checkpoint's temperature schedule as published (gemma_layout.py)
+    "diffusion_gemma": {"temperature": 1.0},
 }
 
 
@@ -69,7 +73,7 @@ FAMILY_SAMPLERS: dict[str, dict[str, Any]] = {
 FAMILY_NAMES = {"llada2": "LLaDA2.x (MoE)", "llada_moe": "LLaDA-MoE", "sdar_moe": "SDAR-MoE",
                 "fast_dllm_v2": "Fast-dLLM v2", "Fast_dLLM_Qwen": "Fast-dLLM v2",
                 "llada": "LLaDA", "Dream": "Dream", "sdar": "SDAR", "celeris": "Celeris tiny",
-                "llama": "Llama (autoregressive)"}
+                "llama": "Llama (autoregressive)", "diffusion_gemma": "DiffusionGemma"}
 
 
 def family_name(config: Any) -> str:

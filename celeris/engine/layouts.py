@@ -31,6 +31,7 @@ from typing import Any
 
 from ..sampler.policies import linear_schedule
 from .families import check_block_params
+from .gemma_layout import GemmaLayout
 from .request import Request
 
 Window = tuple[list[int], int, bool]   # (tokens, first position, first column query-only)
@@ -118,7 +119,7 @@ class BlockLayout:
             hi = min(lo + sb, req.end)
             masked = req.seq[lo:hi].count(self.mask) if hi > lo else 0
             if masked:
-                req.unit, req.lo, req.hi = sub, lo, hi
+                req.unit, req.lo, req.hi, req.post_edits = sub, lo, hi, 0
                 req.schedule = [c for c in linear_schedule(masked, p.steps_per_block) if c]
                 return
         req.unit, req.lo, req.hi = -1, req.block_start, req.block_start
@@ -142,6 +143,8 @@ class BlockLayout:
         req.cached = req.block_start if req.params.cache != "none" else 0
 
     def advance(self, req: Request) -> None:
+        if req.settling:                             # token editing: the unit again
+            return
         bs0, end = req.block_start, min(req.block_start + self.block_size, req.end)
         if self.mask not in req.seq[bs0:end]:        # the block is done: open the next one
             req.block_start += self.block_size
@@ -155,7 +158,10 @@ class BlockLayout:
         check_block_params(params, self.block_size)
 
 
-def layout_for(config: Any, mask: int) -> CanvasLayout | BlockLayout:
-    """The layout of a model, chosen once at load from its config's attention kind."""
+def layout_for(config: Any, mask: int) -> CanvasLayout | BlockLayout | GemmaLayout:
+    """The layout of a model, chosen once at load from its config's attention kind
+    (DiffusionGemma's encoder/decoder canvases: ``gemma_layout.py``)."""
+    if getattr(config, "model_type", None) == "diffusion_gemma":
+        return GemmaLayout(config, mask)
     return BlockLayout(config, mask) if getattr(config, "block_causal", False) \
         else CanvasLayout(config, mask)

@@ -39,7 +39,8 @@ class Runner:
     def __init__(self, model: Any, layout: Any, special: Any, device: torch.device,
                  slots: int = 4) -> None:
         self.model, self.layout, self.special, self.device = model, layout, special, device
-        self.kv = new_slot_cache(model, slots)
+        self.kv = layout.new_cache(model, slots) if hasattr(layout, "new_cache") \
+            else new_slot_cache(model, slots)
         self.forward_s = 0.0                 # the last step's time inside the model forward
         self._knobs: tuple[tuple[Request, ...], RowKnobs] | None = None
 
@@ -52,6 +53,8 @@ class Runner:
             req.uncond_slot = self.kv.take()
 
     def release(self, req: Request) -> None:
+        if hasattr(self.layout, "release"):      # a layout that keeps per-request state
+            self.layout.release(req)
         for slot in (req.slot, req.uncond_slot):
             if slot >= 0:
                 self.kv.give_back(slot)
@@ -71,6 +74,8 @@ class Runner:
     # ------------------------------------------------------------ the step
     def run(self, reqs: list[Request]) -> None:
         """Forward, choose, commit: every request in ``reqs`` advances one step."""
+        if hasattr(self.layout, "run"):     # a layout with its own forward (gemma_layout.py)
+            return self.layout.run(self, reqs)
         # rows in slot order: consecutive slots are read as one view of the cache instead
         # of a gather copying every row's keys in every layer
         reqs = sorted(reqs, key=lambda r: r.slot)
@@ -89,9 +94,16 @@ class Runner:
         width = torch.tensor(widths[:len(reqs)], device=dev)
         active = (unit == mask) & (torch.arange(U, device=dev) < width[:, None])
         knobs = self.knobs(reqs)
-        x0, conf, bad = knobs.choose(logits, active, widths[:len(reqs)])
+        x0, conf, p_x0, bad = knobs.choose(logits, active, widths[:len(reqs)])
         k = torch.tensor([r.schedule[0] if r.schedule else 0 for r in reqs], device=dev)
         take = self._greedy_first(reqs, knobs.select(conf, active, k), active)
+        if knobs.any_edit:         # committed answer tokens of the unit may be replaced
+            first = torch.tensor([max(r.prompt_len - r.lo, 0) for r in reqs], device=dev)
+            col = torch.arange(U, device=dev)
+            editable = ~active & (col < width[:, None]) & (col >= first[:, None])
+            edit = knobs.edit(x0, p_x0, unit, editable)
+            take, conf = take | edit, torch.where(edit, p_x0, conf)
+            active = active | edit
         new = torch.where(take, x0, unit)
         conf = torch.where(active, conf, 0.0)
         host = torch.cat([new.double(), take.double(), conf.double(), bad.double()[:, None]],

@@ -336,15 +336,20 @@ class DiffusionGemmaForBlockDiffusion(nn.Module):
     def denoise(self, canvas: torch.Tensor, positions: torch.Tensor,
                 keys: list[torch.Tensor], values: list[torch.Tensor],
                 key_masks: list[torch.Tensor | None] | None = None,
-                self_conditioning_logits: torch.Tensor | None = None) -> torch.Tensor:
+                self_conditioning_logits: torch.Tensor | None = None,
+                self_conditioning_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, L, V) float32 for canvases (B, L) at ``positions`` (B, L), reading
         per-layer cached keys/values (B, Hkv, M, D); ``key_masks[i]`` (B, M) is True for the
-        real entries of layer i when rows of different lengths are padded (None: all real)."""
+        real entries of layer i when rows of different lengths are padded (None: all real).
+        ``self_conditioning_mask`` (B,) bool zeroes the signal of the rows at a canvas's
+        first step when others pass logits."""
         embeds = self._embed(canvas)
         if self_conditioning_logits is None:
             soft = torch.zeros_like(embeds)
         else:
             soft = self.soft_embeddings(self_conditioning_logits).to(embeds.dtype)
+            if self_conditioning_mask is not None:
+                soft = soft * self_conditioning_mask.to(soft.dtype)[:, None, None]
         h = self.decoder.self_conditioning(embeds, soft)
         tables = self._tables(positions, h.dtype)
         own = torch.ones(canvas.shape, dtype=torch.bool, device=canvas.device)

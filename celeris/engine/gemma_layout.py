@@ -1,0 +1,270 @@
+"""DiffusionGemma's layout: canvases written one after another, each denoised from noise.
+
+DiffusionGemma (``model/diffusion_gemma.py``) is block-causal in the engine's words: the
+answer is written canvas after canvas (``canvas_length`` positions, the model's block), and a
+canvas sees the prompt and every finished canvas through an exact cache. What differs from
+``BlockLayout`` is how a canvas is decoded, so this layout runs its own step for its rows
+(``run``, called by ``Runner.run``): the model is an encoder/decoder pair with a per-layer
+cache of two head shapes, which the runner's one-window forward and ``SlotKVCache`` do not
+describe. The runner keeps everything else (admission, slot numbers, release), and the engine
+its one step, finish rule, events, ``generate``/``stream`` and the server.
+
+One step of a request (the reference's ``generate()``, transformers' diffusion_gemma):
+
+1. tokens not yet encoded (the prompt, or the canvas just finished) go through the causal
+   encoder into the request's ``GemmaCache``; a new canvas starts as uniform random tokens;
+2. the decoder denoises the canvas, conditioned on the previous step's scaled logits;
+3. the logits are divided by the step's temperature, linear from ``t_max`` at the first step
+   to ``t_min`` at the last, times the request's ``temperature`` (1 = the checkpoint's
+   schedule; 0 = argmax: the limit of a vanishing temperature); a token is sampled per
+   position; the positions of lowest entropy are accepted while the sum of their entropies
+   minus the largest stays within ``entropy_bound`` (the entropy-bound sampler), the others
+   are drawn again uniformly (renoised);
+4. the canvas is done when its argmax has not changed for ``stability_threshold`` steps and
+   the mean entropy is below ``confidence_threshold``, or after ``max_denoising_steps`` steps
+   (``steps`` per canvas when the request gives it); its argmax is then committed at once.
+
+Random draws come from the request's own generator in the reference's order (canvas, then per
+step the samples and the renoising draw, also at temperature 0), so a request seeded like
+``torch.manual_seed(seed)`` before the reference's ``generate()`` gives the same tokens
+(tests/test_diffusion_gemma.py). Sampler settings come from the checkpoint's
+generation_config.json (``diffusion_gemma.read_sampler``). GenerationParams' decoding,
+remasking, threshold and factor do not apply to this sampler and are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..cache import SlotKVCache
+from ..model.diffusion_gemma import SAMPLER_DEFAULTS, GemmaCache
+from .request import NonFiniteLogitsError, Request
+
+
+@dataclass(eq=False)
+class _CanvasState:
+    """What a request carries between steps besides its ``Request`` fields."""
+
+    cache: GemmaCache
+    canvas: torch.Tensor | None = None       # (1, L) the noisy canvas fed to the decoder
+    argmax: torch.Tensor | None = None       # (1, L) the latest argmax (the draft)
+    sc: torch.Tensor | None = None           # (1, L, V) the previous step's scaled logits
+    history: torch.Tensor | None = None      # (S, 1, L) the last S argmax canvases
+    left: int = 0                            # denoising steps left for this canvas
+    total: int = 0                           # denoising steps this canvas may take
+
+
+class GemmaLayout:
+    block_causal = True
+    caches = ("none", "prefix")     # the encoder cache is exact either way and always kept
+    strict_threshold = False
+    shift = False
+
+    def __init__(self, config: Any, mask: int) -> None:
+        self.mask, self.block_size = mask, int(config.canvas_length)
+        self.vocab = int(config.vocab_size)
+        self.sampler = dict(getattr(config, "sampler", None) or SAMPLER_DEFAULTS)
+        self.layers = int(config.num_hidden_layers)
+        self.states: weakref.WeakKeyDictionary[Request, _CanvasState] = \
+            weakref.WeakKeyDictionary()
+        self._batch: tuple | None = None     # the decoder's padded cache for the last batch
+
+    # ------------------------------------------------------------ the layout questions
+    def stops_at_eos(self, req: Request) -> bool:
+        return True
+
+    def start(self, req: Request) -> None:
+        P, L = req.prompt_len, self.block_size
+        req.block_start, req.unit = P, 0
+        req.seq = list(req.prompt_ids) + [self.mask] * L
+        req.end, req.todo = P + req.params.gen_length, req.params.gen_length
+        req.lo, req.hi = P, min(P + L, req.end)
+        self.states[req] = _CanvasState(GemmaCache.empty(self.layers))
+
+    def after_forward(self, req: Request) -> None:
+        req.cached = self.states[req].cache.length
+
+    def advance(self, req: Request) -> None:
+        """A committed canvas opens the next one (the answer is not over: the engine ended
+        the request otherwise)."""
+        if self.mask in req.seq[req.lo:req.hi]:
+            return
+        L = self.block_size
+        req.block_start += L
+        req.seq += [self.mask] * L
+        req.lo, req.hi = req.block_start, min(req.block_start + L, req.end)
+        req.blocks_done += 1
+        req.unit += 1
+
+    def check(self, params: Any) -> None:
+        """What DiffusionGemma's sampler cannot honour, refused with the field named."""
+        L = self.block_size
+        if params.block_length != L:
+            raise ValueError(f"block_length must be the model's canvas_length ({L}) for "
+                             f"DiffusionGemma, got {params.block_length}")
+        for name, ok, allowed in (("cfg_scale", params.cfg_scale == 0, "0"),
+                                  ("top_k", params.top_k == 0, "0"),
+                                  ("top_p", params.top_p == 1.0, "1.0"),
+                                  ("defer_eos", not params.defer_eos, "false"),
+                                  ("first_token", params.first_token == "policy", "'policy'"),
+                                  ("cache", params.cache in self.caches, "'prefix' or 'none'")):
+            if not ok:
+                raise ValueError(f"{name} must be {allowed} for DiffusionGemma (its "
+                                 f"entropy-bound sampler has no such option), got "
+                                 f"{getattr(params, name)!r}")
+
+    def new_cache(self, model: Any, slots: int) -> SlotKVCache:
+        """Slot numbers only: the keys/values live in each request's ``GemmaCache``."""
+        param = next(model.parameters())
+        return SlotKVCache(1, 1, 1, 1, param.dtype, param.device, slots)
+
+    def release(self, req: Request) -> None:
+        self.states.pop(req, None)
+        self._batch = None
+
+    # ------------------------------------------------------------ the step
+    def run(self, runner: Any, reqs: list[Request]) -> None:
+        """Encode what is new, one decoder forward for every row, sample, commit."""
+        model, dev = runner.model, runner.device
+        reqs = sorted(reqs, key=lambda r: r.slot)
+        states = [self.states[r] for r in reqs]
+        forward_s = 0.0
+        for r, st in zip(reqs, states):
+            if r.generator is None:
+                r.generator = torch.Generator(device=dev).manual_seed(r.seed)
+            if st.cache.length < r.block_start:            # the prompt, or a finished canvas
+                ids = torch.tensor([r.seq[st.cache.length:r.block_start]], device=dev)
+                t0 = time.perf_counter()
+                model.encode(ids, st.cache)
+                forward_s += time.perf_counter() - t0
+            if st.left == 0:                               # a fresh canvas of noise
+                self._new_canvas(r, st, dev)
+        L = self.block_size
+        canvas = torch.cat([st.canvas for st in states])                          # (B, L)
+        pos = torch.tensor([r.block_start for r in reqs], device=dev)[:, None] + \
+            torch.arange(L, device=dev)
+        keys, values, masks = self._batched_cache(states)
+        t0 = time.perf_counter()
+        logits = model.denoise(canvas, pos, keys, values, masks, *self._sc(states))
+        runner.forward_s = forward_s + time.perf_counter() - t0                 # (B, L, V)
+        stop = list(runner.special.stop)
+        rows = []
+        for b, (r, st) in enumerate(zip(reqs, states)):
+            raw = logits[b:b + 1]
+            bad = ~torch.isfinite(raw).all()
+            if r.params.suppress_eos:
+                raw = raw.clone()
+                raw[..., stop] = float("-inf")
+            rows.append(self._sample(r, st, raw, bad))
+        host = torch.stack(rows).tolist()                                         # one sync
+        for r, st, row in zip(reqs, states, host):
+            self.after_forward(r)
+            if row[1] > 0:
+                r.failure = NonFiniteLogitsError([r.request_id])
+                continue
+            r.nfe += 1
+            if row[0] > 0 or st.left == 0:     # stable and confident, or out of steps
+                st.left = 0
+                w = r.hi - r.lo
+                r.commit(row[2:2 + w], [1.0] * w, row[2 + L:2 + L + w], self.mask, stop)
+            else:
+                r.commit([], [], [], self.mask, stop)
+
+    def _new_canvas(self, r: Request, st: _CanvasState, dev: torch.device) -> None:
+        s, g = self.sampler, r.generator
+        st.canvas = torch.randint(0, self.vocab, (1, self.block_size), generator=g, device=dev)
+        st.argmax, st.sc = st.canvas, None
+        S = s["stability_threshold"]
+        st.history = torch.full((S, 1, self.block_size), -1, dtype=torch.long, device=dev)
+        p = r.params
+        st.total = st.left = p.steps_per_block if p.steps is not None \
+            else s["max_denoising_steps"]
+
+    def _sample(self, r: Request, st: _CanvasState, raw: torch.Tensor, bad: torch.Tensor
+                ) -> torch.Tensor:
+        """One step of the entropy-bound sampler for one row, raw (1, L, V) float32 ->
+        [done, non-finite, argmax (L), top probability (L)] as one float64 row."""
+        s, g, T = self.sampler, r.generator, r.params.temperature
+        step = torch.tensor(st.left, dtype=torch.int32, device=raw.device)
+        temp = s["t_min"] + (s["t_max"] - s["t_min"]) * (step / st.total)
+        if T > 0:
+            scaled = raw / (temp if T == 1.0 else temp * T)
+        else:                     # the vanishing-temperature limit: all mass on the argmax
+            scaled = torch.full_like(raw, float("-inf")).scatter_(
+                -1, raw.argmax(-1, keepdim=True), 0.0)
+        V, L = raw.shape[-1], raw.shape[1]
+        probs = F.softmax(scaled, dim=-1, dtype=torch.float32)
+        drawn = torch.multinomial(probs.view(-1, V), 1, generator=g).view(1, L)
+        argmax = scaled.argmax(-1)                                                # (1, L)
+        entropy = _entropy(scaled)                                                # (1, L)
+        ordered, order = torch.sort(entropy, dim=-1)
+        within = (torch.cumsum(ordered, dim=-1) - ordered) <= s["entropy_bound"]
+        accept = torch.zeros_like(within).scatter(-1, order, within)
+        kept = torch.where(accept, drawn, st.canvas)
+        noise = torch.randint(0, self.vocab, (1, L), generator=g, device=raw.device)
+        st.canvas = torch.where(~accept, noise, kept)
+        if s["stability_threshold"] == 0:
+            stable = torch.ones((), dtype=torch.bool, device=raw.device)
+        else:
+            stable = (st.history == argmax[None]).all(-1).all(0)[0]
+            st.history = torch.roll(st.history, shifts=-1, dims=0)
+            st.history[-1] = argmax
+        done = stable & (entropy.mean(-1)[0] < s["confidence_threshold"])
+        st.sc = scaled.to(st.cache.keys[0].dtype)
+        st.argmax = argmax
+        st.left -= 1
+        return torch.cat([done.double()[None], bad.double()[None], argmax[0].double(),
+                          probs.amax(-1)[0].double()])
+
+    def _sc(self, states: list[_CanvasState]) -> tuple:
+        """The self-conditioning logits (B, L, V) (None: no row has any) and which rows have
+        them (None: all)."""
+        if all(st.sc is None for st in states):
+            return None, None
+        if all(st.sc is not None for st in states):
+            return torch.cat([st.sc for st in states]), None
+        ref = next(st.sc for st in states if st.sc is not None)
+        logits = torch.cat([ref if st.sc is None else st.sc for st in states])
+        rows = torch.tensor([st.sc is not None for st in states], device=ref.device)
+        return logits, rows
+
+    def _batched_cache(self, states: list[_CanvasState]) -> tuple[list, list, list | None]:
+        """Per layer the rows' cached keys/values as one (B, Hkv, M, D) tensor, right-padded
+        to the longest row with a (B, M) mask of real entries (None when no row is padded);
+        rebuilt only when the batch or a row's cache changed."""
+        key = tuple((id(st), st.cache.version) for st in states)
+        if self._batch is not None and self._batch[0] == key:
+            return self._batch[1]
+        if len(states) == 1:
+            c = states[0].cache
+            built = (c.keys, c.values, None)
+        else:
+            keys, values, masks = [], [], []
+            for i in range(self.layers):
+                ks = [st.cache.keys[i] for st in states]
+                vs = [st.cache.values[i] for st in states]
+                lens = [k.shape[2] for k in ks]
+                M = max(lens)
+                keys.append(torch.cat([F.pad(k, (0, 0, 0, M - k.shape[2])) for k in ks]))
+                values.append(torch.cat([F.pad(v, (0, 0, 0, M - v.shape[2])) for v in vs]))
+                real = torch.arange(M, device=ks[0].device)[None] < \
+                    torch.tensor(lens, device=ks[0].device)[:, None]
+                masks.append(None if min(lens) == M else real)
+            built = (keys, values, masks if any(m is not None for m in masks) else None)
+        self._batch = (key, built)
+        return built
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """The entropy of each categorical distribution over the last dim, computed as
+    ``torch.distributions.Categorical(logits=...).entropy()`` does (the reference's
+    sampler and stopping rule use that)."""
+    logp = logits - logits.logsumexp(dim=-1, keepdim=True)
+    probs = F.softmax(logp, dim=-1)
+    return -(logp.clamp(min=torch.finfo(logp.dtype).min) * probs).sum(-1)
