@@ -160,7 +160,7 @@ def _block_causal(model: str) -> bool:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from celeris.train import evaluate
+    from celeris.evals.evaluate import evaluate
 
     try:
         if args.card and args.second_sample:
@@ -176,7 +176,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.card and not args.model:
             raise ValueError("--card needs --model (the directory to write the card into)")
         if args.card:
-            from celeris.train.card import add_card_figures, card_samples, write_card
+            from celeris.evals.card import add_card_figures, card_samples, write_card
             report = add_card_figures(report, args.model, args.kind)
             path = write_card(args.model, report, card_samples(args.model, args.kind, report))
             print(f"wrote {path}", file=sys.stderr)

@@ -117,11 +117,11 @@ def test_bench_and_batch_options(monkeypatch):
 
 
 # ----------------------------------------------------------------------- train / eval
-def _fake_train_module(monkeypatch, **functions):
-    fake = types.ModuleType("celeris.train")
+def _fake_module(monkeypatch, module, **functions):
+    fake = types.ModuleType(module)
     for name, fn in functions.items():
         setattr(fake, name, fn)
-    monkeypatch.setitem(sys.modules, "celeris.train", fake)
+    monkeypatch.setitem(sys.modules, module, fake)
 
 
 def test_train_dispatch(monkeypatch, capsys):
@@ -131,7 +131,7 @@ def test_train_dispatch(monkeypatch, capsys):
         calls.append(kwargs)
         return {"steps": 10, "val_loss": 4.123456, "history": [1, 2]}
 
-    _fake_train_module(monkeypatch, train=train)
+    _fake_module(monkeypatch, "celeris.train", train=train)
     assert cli.main(["train", "--out", "models/x", "--steps", "15", "--kind", "ar"]) == 0
     assert calls == [{"out": "models/x", "steps": 15, "device": "cpu",
                       "resume": False, "seed": 0, "kind": "ar", "preset": None,
@@ -157,7 +157,7 @@ def test_eval_dispatch_table_and_json(monkeypatch, capsys):
         calls.append(kwargs)
         return report
 
-    _fake_train_module(monkeypatch, evaluate=evaluate)
+    _fake_module(monkeypatch, "celeris.evals.evaluate", evaluate=evaluate)
     assert cli.main(["eval", "--model", "m", "--limit", "5", "--gen-length", "32"]) == 0
     assert calls[0] == {"model": "m", "kind": "diffusion", "overrides": {"gen_length": 32},
                         "limit": 5, "device": "auto", "second_sample": False}
@@ -173,7 +173,7 @@ def test_eval_user_error_returns_2(monkeypatch, capsys):
     def evaluate(**kwargs):
         raise FileNotFoundError("no model at nowhere/")
 
-    _fake_train_module(monkeypatch, evaluate=evaluate)
+    _fake_module(monkeypatch, "celeris.evals.evaluate", evaluate=evaluate)
     assert cli.main(["eval", "--model", "nowhere/"]) == 2
     assert capsys.readouterr().err.strip() == "error: no model at nowhere/"
 

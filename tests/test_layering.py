@@ -21,8 +21,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "L2": ("celeris.cache", "celeris.model"),
     "L3": ("celeris.sampler",),
     "L4": ("celeris.engine", "celeris.ar_baseline"),
-    "L5": ("celeris.server", "celeris.bench", "celeris.batch", "celeris.train", "celeris.cli",
-           "celeris.space"),
+    "L5": ("celeris.server", "celeris.bench", "celeris.batch", "celeris.train", "celeris.evals",
+           "celeris.cli", "celeris.space"),
     "ui": ("ui",),
     "app": ("app",),
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from celeris.train import tasks
+from celeris.evals import tasks
 
 
 @pytest.mark.parametrize("task", tasks.TASKS)
@@ -21,7 +21,7 @@ def test_the_second_sample_is_held_out_disjoint_and_fixed(task):
 
 
 def test_eval_scores_the_second_sample_and_says_so():
-    from celeris.train import evaluate
+    from celeris.evals.evaluate import evaluate
     report = evaluate(kind="ar", limit=2, second_sample=True)
     prompts = {s["prompt"] for s in report["samples"]}
     assert report["problems"] == "second sample"
@@ -42,7 +42,7 @@ def test_the_card_refuses_a_block_diffusion_model_before_evaluating(capsys, monk
     model's block size 4"; it now refuses first, naming the model and what to do."""
     from celeris import cli
     calls = []
-    monkeypatch.setattr("celeris.train.evaluate", lambda *a, **k: calls.append(a) or {})
+    monkeypatch.setattr("celeris.evals.evaluate.evaluate", lambda *a, **k: calls.append(a) or {})
     assert cli.main(["eval", "--model", "models/celeris-tiny-bd", "--card"]) == 2
     err = capsys.readouterr().err
     assert "models/celeris-tiny-bd is a block-diffusion model" in err and "drop --card" in err

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from celeris import Engine
-from celeris.train import evaluate
-from celeris.train.evaluate import HELDOUT_STORIES
+from celeris.evals.evaluate import evaluate
+from celeris.evals.evaluate import HELDOUT_STORIES
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "models" / "celeris-tiny"
@@ -119,8 +119,8 @@ def test_ar_twin_in_the_block_engine_writes_what_generate_writes():
     """The bench's same-engine control: the twin's weights as a block-causal model of block
     size 1 (packed CPU kernels) decode the greedy stories and answers of generate()."""
     from celeris import ARBaseline
-    from celeris.train import eval_examples
-    from celeris.train.corpus import heldout_long_requests
+    from celeris.evals import eval_examples
+    from celeris.evals.corpus import heldout_long_requests
 
     engine = Engine.from_pretrained(TWIN, device="cpu")
     assert engine.block_size == 1 and engine.packed
@@ -152,14 +152,14 @@ def test_model_cards_quote_their_story_grammar_score(model_dir):
 
 
 def test_ar_twin_story_grammar_matches_its_card():
-    from celeris.train import storycheck
+    from celeris.evals import storycheck
     (card,) = _card(TWIN)["story_grammar"]
     (measured,) = storycheck.measure(str(TWIN), "ar", n=8)
     assert measured["grammatical"] >= card["grammatical"] - MARGIN
 
 
 def test_infill_grammar_matches_the_card():
-    from celeris.train import storycheck
+    from celeris.evals import storycheck
     card = _card(TINY)["infill_grammar"]
     text = (TINY / "README.md").read_text()
     assert f"{card['grammatical']:.1%} of the filled sentences" in text
@@ -175,7 +175,7 @@ def test_infill_grammar_matches_the_card():
 def test_infill_tab_examples_fill_grammatically_at_the_tab_default_span():
     """The examples the Infill tab offers are ones the shipped model fills well at the tab's
     default span: no [MASK] left, the pinned words kept, every sentence in the grammar."""
-    from celeris.train import storycheck
+    from celeris.evals import storycheck
     from ui.examples import examples
     from ui.infill import DEFAULT_SPAN
 
@@ -191,8 +191,8 @@ def test_infill_tab_examples_fill_grammatically_at_the_tab_default_span():
 def test_block_diffusion_model_scores_as_its_card_says(default_engine):
     """celeris-tiny-bd on a slice of the held-out tasks (accuracy and tokens per forward) and
     on three held-out long-story requests (grammar), against its eval.json."""
-    from celeris.train.corpus import heldout_long_requests
-    from celeris.train.longcheck import long_score
+    from celeris.evals.corpus import heldout_long_requests
+    from celeris.evals.longcheck import long_score
     card = _card(BD)
     report = evaluate(default_engine, limit=SLICE, device="cpu", batch_size=6 * SLICE)
     assert report["mean_accuracy"] >= card["mean_accuracy"] - MARGIN
@@ -212,8 +212,8 @@ def test_a_story_request_hero_is_honoured_on_held_out_requests(default_engine):
     default model's story introduces that hero in its first sentence. The first 120 tokens hold
     the first sentence and the paragraph after it (the place and object asked for come later
     and are scored by the stories bench, not here)."""
-    from celeris.train.corpus import heldout_long_requests
-    from celeris.train.longcheck import hero_of, request_honoured
+    from celeris.evals.corpus import heldout_long_requests
+    from celeris.evals.longcheck import hero_of, request_honoured
 
     hero_keys = ("kind", "adj", "name")
     requests = [r for r in heldout_long_requests(16)

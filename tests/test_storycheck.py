@@ -2,7 +2,7 @@
 
 import pytest
 
-from celeris.train import corpus, storycheck
+from celeris.evals import corpus, storycheck
 
 
 def test_every_sentence_the_generator_writes_is_recognised():
@@ -28,7 +28,7 @@ def test_prompt_is_glued_on_and_an_unfinished_tail_is_counted_apart():
 
 
 def test_card_lists_each_story_grammar_measurement():
-    from celeris.train.card import _story_grammar_lines
+    from celeris.evals.card import _story_grammar_lines
 
     results = [{"prompts": 20, "decoding": "block 32", "grammatical": 0.625, "sentences": 40,
                 "unfinished": 0, "examples_bad": ["The."]},
@@ -69,7 +69,7 @@ def test_infill_items_hide_one_lexicon_word_of_a_held_out_sentence_with_its_stor
 
 
 def test_card_states_the_infill_score_and_what_exact_means():
-    from celeris.train.card import _infill_lines
+    from celeris.evals.card import _infill_lines
 
     result = {"items": 40, "decoding": "fixed, block 32", "grammatical": 0.85,
               "sentences": 40, "unfinished": 0, "exact": 0.05,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from celeris.train import corpus, tasks
+from celeris.evals import corpus, tasks
 from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher
 from celeris.train.objective import diffusion_loss, mask_batch
@@ -363,7 +363,7 @@ def micro_models(tmp_path_factory):
 def test_saved_diffusion_model_loads_and_runs_in_the_engine(micro_models, one_thread):
     torch.set_num_threads(1)
     from celeris import CelerisForMaskedDiffusion, Engine, GenerationParams
-    from celeris.train import evaluate
+    from celeris.evals.evaluate import evaluate
 
     d = micro_models / "dlm"
     for f in ("config.json", "model.safetensors", "generation_config.json", "train_log.json",
@@ -392,7 +392,7 @@ def test_saved_ar_twin_loads_with_plain_transformers(micro_models, one_thread):
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from celeris.train import evaluate
+    from celeris.evals.evaluate import evaluate
 
     d = micro_models / "ar"
     model = AutoModelForCausalLM.from_pretrained(str(d))
@@ -451,7 +451,7 @@ def test_tiny_preset_tokenizer_spells_list_items_as_one_or_two_tokens():
 
 
 def test_a_card_quotes_the_recipe_beside_the_weights_else_where_the_run_started(tmp_path):
-    from celeris.train.card import write_card
+    from celeris.evals.card import write_card
 
     (tmp_path / "train_log.json").write_text(json.dumps({"kind": "ar", "init_from": "runs/x"}))
     (tmp_path / "config.json").write_text("{}")
@@ -466,7 +466,7 @@ def test_a_card_quotes_the_recipe_beside_the_weights_else_where_the_run_started(
 
 
 def test_model_card_samples_name_their_decoding_and_expected_answer():
-    from celeris.train.card import _samples
+    from celeris.evals.card import _samples
 
     lines = _samples([
         {"prompt": "sort: 3 1 2", "output": "1 2 3", "answer": "1 2 3"},

@@ -31,14 +31,14 @@ PROMPT_ROOM = 48              # context kept for the chat-templated request
 
 
 def requests_for(ctx: BenchContext) -> list[Any]:
-    from celeris.train.corpus import heldout_long_requests
+    from celeris.evals.corpus import heldout_long_requests
     return heldout_long_requests(REQUESTS_PER_N * ctx.n)
 
 
 def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list[int] | None,
          walls: list[float], requests: Sequence[Any], params: dict[str, Any]
          ) -> dict[str, Any]:
-    from celeris.train.longcheck import fields_line, long_score
+    from celeris.evals.longcheck import fields_line, long_score
 
     quality = long_score(texts, list(requests))
     total, wall = sum(tokens), sum(walls)
@@ -65,7 +65,7 @@ def max_new_tokens(ctx: BenchContext) -> int:
 def celeris_params(ctx: BenchContext) -> Any:
     """The model's defaults with gen_length the story cap (a full-attention model keeps its
     default steps per block)."""
-    from celeris.train.longcheck import long_params
+    from celeris.evals.longcheck import long_params
     return long_params(ctx.engine.default_params(), max_new_tokens(ctx)).replace(
         seed=0, stop=())
 
@@ -119,7 +119,7 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
                 "ar_model": ctx.ar.info(), "requests": len(requests), "batches": [1, 8],
                 "max_new_tokens": max_new_tokens(ctx),
                 "celeris_params": celeris_params(ctx).to_dict(),
-                "prompt_source": "celeris.train.corpus.heldout_long_requests (held-out), "
+                "prompt_source": "celeris.evals.corpus.heldout_long_requests (held-out), "
                                  "as chat messages"}
     cap = max_new_tokens(ctx)
     notes = ["the two systems ran side by side: each chunk of requests by both in turn",
@@ -134,7 +134,7 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              "earlier one of the same story (corpus ~0.005); distinct = fraction of all the "
              "answers' sentences that are distinct, names replaced by one placeholder (the "
              "corpus's stories for the 40 held-out requests 0.65; one story told to every request "
-             "scores low) (celeris.train.longcheck)",
+             "scores low) (celeris.evals.longcheck)",
              "TPF = completion tokens / model forwards (Celeris only)", AR_ENGINE_NOTE]
     return section("stories", "Long-story requests: Celeris vs the autoregressive twin",
                    STORY_COLUMNS, rows, settings, notes)

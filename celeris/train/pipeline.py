@@ -226,7 +226,7 @@ def run_recipe(path: str | Path, out: str | Path | None = None, *, from_stage: i
         _note(f"{recipe.model} is a block-diffusion model: eval --card refuses it (its card is "
               f"kept by hand), so no card is written; score it with celeris eval --model {final}")
     elif card:
-        from celeris.train.card import regenerate_card
+        from celeris.evals.card import regenerate_card
         n = SMOKE_EVAL if smoke else None
         written = str(regenerate_card(final, stage.kind, limit=n, openings=n,
                                       recipe=recipe.path))

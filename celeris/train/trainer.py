@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from celeris.train import corpus as _corpus
+from celeris.evals import corpus as _corpus
 from celeris.train import stream as _stream
 from celeris.train import blockdiff, checkpoints, objective
 from celeris.train import tokenizer_train as tt

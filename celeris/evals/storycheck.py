@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
-from celeris.train import corpus as C
+from celeris.evals import corpus as C
 
 SAMPLE_STORIES = 20000        # stories whose sentence templates define "grammatical"
 SAMPLE_LONG_STORIES = 3000    # long stories added to them (their arcs combine more freely)
