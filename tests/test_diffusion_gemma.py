@@ -357,3 +357,13 @@ def test_info_names_the_family_and_the_canvas(engine_and_ref):
     info = engine.info()
     assert (info["family"], info["architecture"], info["attention"], info["block_size"]) == \
         ("DiffusionGemma", "diffusion_gemma", "block_causal", CANVAS)
+
+
+def test_temperature_zero_without_a_seed_is_deterministic(engine_and_ref):
+    engine, _ = engine_and_ref
+    params = engine.default_params().replace(gen_length=2 * CANVAS, temperature=0.0)
+    first, second = engine.generate(PROMPT, params), engine.generate(PROMPT, params)
+    assert first.token_ids == second.token_ids and first.seed == second.seed == 0
+    sampled = engine.default_params().replace(gen_length=2 * CANVAS, temperature=1.0)
+    seeds = {engine.generate(PROMPT, sampled).seed for _ in range(2)}
+    assert len(seeds) == 2                  # sampled requests without a seed still get fresh ones

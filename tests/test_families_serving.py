@@ -8,7 +8,9 @@ for mask id 156895) beside a 307-token tokenizer; its output rows past the token
 here so that its greedy answers are text rather than ids that decode to nothing.
 
 At temperature 0 a streamed answer must be the non-streamed one, delta by delta, for chat and
-for plain completions, and ``/v1/models`` must name the served model.
+for plain completions, and ``/v1/models`` must name the served model. DiffusionGemma's tiny
+checkpoint (tests/test_diffusion_gemma.py) is served the same way with a miniature of Gemma's
+turn template; its temperature 0 draws the canvas noise from seed 0 when no seed is given.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from transformers import PreTrainedTokenizerFast
 from celeris import Engine
 from celeris.server import create_app
 from tests.live_server import live_server
+from tests.test_diffusion_gemma import write_tiny_diffusion_gemma
 from tests.test_families import FAMILIES, write_family
 
 QWEN_CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -34,8 +37,20 @@ LING_CHAT = ("{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['c
 LLAMA3_CHAT = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
                "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
                "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+GEMMA_CHAT = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' "
+              "else m['role'] }}\n{{ m['content'] }}<end_of_turn>\n{% endfor %}"
+              "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 CHAT_TEMPLATES = {"llada2": LING_CHAT, "sdar_moe": QWEN_CHAT, "llada_moe": LLAMA3_CHAT,
-                  "illada": LLAMA3_CHAT, "fast_dllm_v2": QWEN_CHAT}
+                  "illada": LLAMA3_CHAT, "fast_dllm_v2": QWEN_CHAT,
+                  "diffusion_gemma": GEMMA_CHAT}
+
+
+def _write(path: Path, family: str) -> Path:
+    """The family's tiny checkpoint (DiffusionGemma's is built by transformers' own classes,
+    tests/test_diffusion_gemma.py; its canvas of 8 makes 12 tokens two canvases)."""
+    if family == "diffusion_gemma":
+        return write_tiny_diffusion_gemma(path)
+    return write_family(path, family)
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def fib(n):"}]
 # suppress_eos: random weights may put EOS first; an empty answer would prove nothing
 KNOBS = {"max_tokens": 12, "temperature": 0.0}
@@ -61,11 +76,11 @@ def _answers_in_the_tokenizer(path: Path, vocab: int) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=[*FAMILIES, "diffusion_gemma"])
 def served(request, tmp_path_factory):
     """(family, engine, base URL) of one family's tiny checkpoint behind the real app."""
     family = request.param
-    path = write_family(tmp_path_factory.mktemp("serve") / family, family)
+    path = _write(tmp_path_factory.mktemp("serve") / family, family)
     tok = _with_chat_template(path, CHAT_TEMPLATES[family])
     _answers_in_the_tokenizer(path, len(tok))
     engine = Engine.from_pretrained(path, device="cpu")
@@ -124,13 +139,14 @@ def test_streamed_completion_concatenates_to_the_non_streamed_text(served):
 
 
 FAMILY_NAMES = {"llada2": "LLaDA2.x (MoE)", "llada_moe": "LLaDA-MoE", "sdar_moe": "SDAR-MoE",
-                "illada": "LLaDA", "fast_dllm_v2": "Fast-dLLM v2"}
+                "illada": "LLaDA", "fast_dllm_v2": "Fast-dLLM v2",
+                "diffusion_gemma": "DiffusionGemma"}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_NAMES))
 def test_the_model_tab_names_the_family_of_the_loaded_model(family, tmp_path):
     from ui import render
-    engine = Engine.from_pretrained(write_family(tmp_path / family, family), device="cpu")
+    engine = Engine.from_pretrained(_write(tmp_path / family, family), device="cpu")
     info = engine.info()
     assert info["family"] == FAMILY_NAMES[family]
     assert f"| family | `{FAMILY_NAMES[family]}` |" in render.model_markdown(info)

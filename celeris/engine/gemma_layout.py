@@ -16,7 +16,8 @@ One step of a request (the reference's ``generate()``, transformers' diffusion_g
 2. the decoder denoises the canvas, conditioned on the previous step's scaled logits;
 3. the logits are divided by the step's temperature, linear from ``t_max`` at the first step
    to ``t_min`` at the last, times the request's ``temperature`` (1 = the checkpoint's
-   schedule; 0 = argmax: the limit of a vanishing temperature); a token is sampled per
+   schedule; 0 = argmax: the limit of a vanishing temperature, deterministic: without a
+   seed it draws its canvas noise from seed 0); a token is sampled per
    position; the positions of lowest entropy are accepted while the sum of their entropies
    minus the largest stays within ``entropy_bound`` (the entropy-bound sampler), the others
    are drawn again uniformly (renoised);
@@ -80,6 +81,11 @@ class GemmaLayout:
         return True
 
     def start(self, req: Request) -> None:
+        """The first canvas; at temperature 0 without a seed the canvas noise is drawn from
+        seed 0, so that temperature 0 is deterministic here as for every other family (the
+        result reports the seed used)."""
+        if req.params.seed is None and req.params.temperature == 0:
+            req.seed = 0
         P, L = req.prompt_len, self.block_size
         req.block_start, req.unit = P, 0
         req.seq = list(req.prompt_ids) + [self.mask] * L
