@@ -27,16 +27,12 @@ also trains the micro preset.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from celeris.train import checkpoints
-from celeris.train.trainer import KINDS, TRAIN_PRESETS
+from celeris.train.trainer import KINDS, check_settings
 
 SETTINGS = ("lr", "mix", "tokens_per_batch", "block_size", "certainty", "masking",
             "semi_ar_prob", "selfgen_prob")
@@ -135,8 +131,6 @@ def _runs(where: str, value: Any) -> tuple[dict[str, Any], ...]:
 
 
 def _settings(where: str, kind: str, table: dict[str, Any]) -> dict[str, Any]:
-    from celeris.train.trainer import check_settings
-
     settings = {k: table[k] for k in SETTINGS if k in table}
     prob = settings.get("selfgen_prob", 1.0)
     if not isinstance(prob, (int, float)) or not 0 < prob <= 1:
