@@ -161,21 +161,10 @@ def _recipe_lines(recipe: Path) -> list[str]:
     return rows + [""]
 
 
-def write_card(model_dir: str | Path, report: dict[str, Any],
-               samples: list[dict[str, Any]] | None = None, *,
-               recipe: Path | None = None) -> Path:
-    """README.md and eval.json in ``model_dir``; ``recipe`` (default: ``recipe.toml`` beside
-    the weights, when there is one) is quoted in the Training section."""
-    model_dir = Path(model_dir)
-    if recipe is None and (model_dir / "recipe.toml").is_file():
-        recipe = model_dir / "recipe.toml"
-    log = json.loads((model_dir / "train_log.json").read_text())
-    config = json.loads((model_dir / "config.json").read_text())
-    kind = log.get("kind", "diffusion")
-    name = model_dir.name
-    machine = log.get("machine", {})
-    params = report.get("params", {})
-    lines = [
+def _header(name: str, kind: str, config: dict[str, Any], log: dict[str, Any],
+            report: dict[str, Any]) -> list[str]:
+    """Front matter, what the model is, its architecture and its corpus."""
+    return [
         "---", "license: apache-2.0", "language: en",
         f"pipeline_tag: {'text-generation'}", "tags: [celeris, "
         + ("masked-diffusion" if kind == "diffusion" else "autoregressive") + ", tiny]", "---",
@@ -197,7 +186,12 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         f"1-{ADD_DIGITS} digits, e.g. `sort: 4 1 9 2` → `1 2 4 9`, `add: 47 + 85` → `132`). "
         "Held-out problems and stories are chosen by a stable hash and never appear in "
         "training.", "",
-        "```json", json.dumps(log.get("data") or describe(), indent=1), "```", "",
+        "```json", json.dumps(log.get("data") or describe(), indent=1), "```", ""]
+
+
+def _training(log: dict[str, Any], recipe: Path | None) -> list[str]:
+    machine = log.get("machine", {})
+    return [
         "## Training", "",
         *(_recipe_lines(recipe) if recipe else _run_lines(log)), *_objective_lines(log),
         f"- steps: {log.get('steps')}, tokens seen: {log.get('tokens_seen', 0):,}, "
@@ -209,7 +203,12 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         "wall time depends on the load of the shared 2-core VM and varies between runs, so it "
         "is not a clean throughput figure (same seed, thread count and CPU -> the same loss "
         "curve)", "",
-        *_curve_summary(log), "",
+        *_curve_summary(log), ""]
+
+
+def _evaluation(name: str, kind: str, report: dict[str, Any]) -> list[str]:
+    params = report.get("params", {})
+    lines = [
         "## Evaluation (held-out)", "",
         f"Command: `python -m celeris eval --model models/{name}"
         + (" --kind ar" if kind == "ar" else "") + "`"
@@ -217,13 +216,27 @@ def write_card(model_dir: str | Path, report: dict[str, Any],
         + (f"; decoding: {params.get('decoding')}, gen_length {params.get('gen_length')}, "
            f"block {params.get('block_length')}, steps {params.get('steps')}, "
            f"temperature {params.get('temperature')}" if kind == "diffusion" and params else "")
-        + ".", "", *_accuracy(report), "",
-    ]
+        + ".", "", *_accuracy(report), ""]
     if report.get("masked_loss") is not None:
         lines += [f"Masked-token cross-entropy on held-out stories (masking ratios 0.15/0.5/0.85):"
                   f" {report['masked_loss']:.3f}.", ""]
-    lines += _story_grammar_lines(report.get("story_grammar") or [])
-    lines += _infill_lines(report.get("infill_grammar"), report.get("infill_grammar_alone"))
+    return (lines + _story_grammar_lines(report.get("story_grammar") or [])
+            + _infill_lines(report.get("infill_grammar"), report.get("infill_grammar_alone")))
+
+
+def write_card(model_dir: str | Path, report: dict[str, Any],
+               samples: list[dict[str, Any]] | None = None, *,
+               recipe: Path | None = None) -> Path:
+    """README.md and eval.json in ``model_dir``; ``recipe`` (default: ``recipe.toml`` beside
+    the weights, when there is one) is quoted in the Training section."""
+    model_dir = Path(model_dir)
+    if recipe is None and (model_dir / "recipe.toml").is_file():
+        recipe = model_dir / "recipe.toml"
+    log = json.loads((model_dir / "train_log.json").read_text())
+    config = json.loads((model_dir / "config.json").read_text())
+    kind, name = log.get("kind", "diffusion"), model_dir.name
+    lines = (_header(name, kind, config, log, report) + _training(log, recipe)
+             + _evaluation(name, kind, report))
     if samples:
         lines += ["## Real outputs", "", "Produced by the command above and "
                   "`python -m celeris generate` (greedy); not edited."
