@@ -62,6 +62,12 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
                         choices=("auto", "float32", "bfloat16", "float16"))
 
 
+def add_compile_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile", action="store_true",
+                        help="run the model forward under torch.compile (CUDA graphs on CUDA); "
+                             "eager with a warning where compiling fails")
+
+
 def error(message: object) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
@@ -83,7 +89,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from celeris import Engine
 
     try:
-        engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+        options = {"compile": True} if args.compile else {}
+        engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype,
+                                        **options)
         params = engine.default_params().replace(**generation_overrides(args))
         prompt: Any = args.prompt
         if args.chat:
@@ -267,6 +275,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_device_options(p)
+    add_compile_option(p)
     add_generation_options(p)
     p.set_defaults(func=cmd_generate)
 
@@ -418,6 +427,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="C",
                      help="CPUs each replica reserves (1)")
     add_device_options(p)
+    add_compile_option(p)
     p.set_defaults(func=cmd_serve)
 
 

@@ -60,6 +60,8 @@ class EngineConfig:
 
     max_running: requests denoised together in one batch (step-level batching).
     max_queue:   requests waiting for a slot; beyond it new requests are refused at once.
+    compile:     run the model forward under torch.compile (CUDA graphs on CUDA; see
+                 celeris/model/compiled.py); where compiling fails, eager with one warning.
     """
 
     device: str = "auto"
@@ -68,6 +70,7 @@ class EngineConfig:
     max_queue: int = 64
     max_prompt_tokens: int = 2048
     request_timeout_s: float = 600.0
+    compile: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", normalize_device(self.device))
@@ -78,3 +81,5 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
         if not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s!r}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile must be True or False, got {self.compile!r}")

@@ -25,6 +25,7 @@ import torch
 
 from ..config import EngineBusyError, EngineClosedError, EngineConfig, EngineOutOfMemoryError
 from ..model import load_model
+from ..model.compiled import CompiledForward
 from ..outputs import GenerationResult, StepEvent, StepTiming
 from ..params import GenerationParams
 from ..tokenizer import Messages, Tokenizer
@@ -59,6 +60,8 @@ class Engine:
         self.scheduler = Scheduler(self.config)
         self.runner = Runner(model, self.layout, self.special, self.device,
                              max(4, self.config.max_running))
+        if self.config.compile:              # the forward under torch.compile (CUDA graphs)
+            self.runner.model = CompiledForward(model)
         self._model_lock = threading.Lock()      # one step at a time
         self._lock = threading.Lock()            # guards starting/stopping the loop
         self._loop: Any = None                   # async_engine.EngineLoop once started

@@ -171,9 +171,12 @@ def packable(config: Any) -> bool:
 
 
 def applies() -> bool:
-    """Whether this forward may take the packed path: inference (no gradients) and no CPU
-    autocast (its bfloat16 activations are for the module path's autocast-aware ops)."""
-    return not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+    """Whether this forward may take the packed path: inference (no gradients), no CPU
+    autocast (its bfloat16 activations are for the module path's autocast-aware ops) and not
+    under torch.compile (inductor cannot lower oneDNN's packed products; it compiles the
+    module path)."""
+    return (not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+            and not torch.compiler.is_compiling())
 
 
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:

@@ -43,6 +43,8 @@ def main(args: argparse.Namespace) -> int:
                if (v := getattr(args, k, None)) is not None}
     if getattr(args, "request_timeout", None) is not None:
         options["request_timeout_s"] = args.request_timeout
+    if getattr(args, "compile", False):
+        options["compile"] = True
     device, dtype = getattr(args, "device", "auto"), getattr(args, "dtype", "auto")
     EngineConfig(device=device, dtype=dtype, **options)   # bad options fail before the port
     drain_timeout = _drain_timeout(getattr(args, "drain_timeout", None))
