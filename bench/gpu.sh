@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Reproduces docs/BENCHMARKS.md, "GPU: LLaDA-8B-shaped decoding" (docs/results/gpu.json): the
 # CUDA kernel tests, then a LLaDA-8B-shaped model with random bf16 weights built on the GPU
-# (nothing downloaded): per-step latency, tokens/s, peak memory and fractions of HBM bandwidth
-# and bf16 FLOP/s at 1/4/8 tokens per forward, batch 1/8/32, prompt 512, block 32, full
-# attention (none/prefix/dual caches) and the same weights block-causal (block/none vs
-# block/exact). Sized for <= 6 minutes on one H200 (runs predicted past 4 minutes of measuring
-# are skipped and listed).
+# (nothing downloaded). First the step with each kernel setting side by side (the
+# "step_variants" table: torch = CELERIS_KERNELS=torch, fused = the Triton RMSNorm/RoPE/KV-write
+# kernels, compiled = torch.compile with CUDA graphs; batch 1 and 8, one token per forward,
+# prefix and exact caches; compile time is spent inside the budget); then per-step latency,
+# tokens/s, peak memory and fractions of HBM bandwidth and bf16 FLOP/s at 1/4/8 tokens per
+# forward, batch 1/8/32, prompt 512, block 32, full attention (none/prefix/dual caches) and
+# the same weights block-causal (block/none vs block/exact), with the CUDA default kernels.
+# Sized for <= 6 minutes on one H200 (runs predicted past 4 minutes of measuring are skipped
+# and listed). If compiling fails, the compiled rows run eagerly and the log says why; rerun
+# with CELERIS_COMPILE_BACKEND=aot_eager to tell a tracing problem from an inductor one.
 #
 #   bench/gpu.sh [OUTDIR]        # default: runs/gpu; writes gpu.json, gpu.log (+ gpu.html)
 #   cp runs/gpu/gpu.json docs/results/gpu.json     # when the figure is replaced

@@ -165,6 +165,21 @@ def test_gpu_script_runs_its_tiny_version_on_cpu(bench_run):
     assert all(r["vs_none"] == pytest.approx(1.0) for r in none)
 
 
+def test_gpu_suite_measures_the_step_with_each_kernel_setting_side_by_side(bench_run):
+    sec = bench_run.suites["gpu"]
+    (table,) = sec["tables"]
+    assert table["name"] == "step_variants"
+    plan = sec["settings"]["plan"]
+    rows = table["rows"]
+    assert [(r["kernels"], r["cache"]) for r in rows] == [
+        (k, c) for c in plan["variant_caches"] for k in ("torch", "fused", "compiled")]
+    for row in rows:
+        assert row["steps"] == plan["gen_length"] and row["tokens_per_forward"] == 1
+        assert row["compiled_calls"] == (row["steps"] if row["kernels"] == "compiled" else None)
+        assert row["step_ms"] > 0
+    assert all(r["vs_torch"] == pytest.approx(1.0) for r in rows if r["kernels"] == "torch")
+
+
 def test_gpu_step_profile_runs_its_tiny_version_on_cpu(tmp_path, one_thread):  # noqa: F811
     report = _bench_script("gpu_step_profile").main(["--tiny", "--out", str(tmp_path)])
     assert json.loads((tmp_path / "step_profile.json").read_text()) == json.loads(

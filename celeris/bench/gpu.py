@@ -7,7 +7,14 @@ bandwidth and of bf16 FLOP/s.
 
 Random weights rarely produce EOS, and EOS is suppressed anyway, so every row generates exactly
 gen_length tokens: the step count is gen_length / tokens-per-forward by construction.
-``--tiny`` runs the same code on a tiny config on CPU (that is what the test covers).
+
+First, side by side, the step with each kernel setting (``step_variants``: batch 1 and 8, one
+token per forward, the prefix and exact caches): ``torch`` (CELERIS_KERNELS=torch: the module
+path's RMSNorm, RoPE and cache copies), ``fused`` (the Triton kernels, the CUDA default) and
+``compiled`` (EngineConfig(compile=True): torch.compile, CUDA graphs). Its compile time counts
+against the budget. ``--tiny`` runs the same code on a tiny config on CPU (that is what the
+test covers; there ``fused`` is the torch path and ``compiled`` is dynamo's capture with the
+eager backend, a smoke of the wiring with no speed meaning).
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Sequence
@@ -41,10 +49,17 @@ class GpuPlan:
     tokens_per_forward: tuple[int, ...]
     caches: tuple[str, ...]
     budget_s: float                 # runs predicted to end after this are skipped, not cut
+    variant_batches: tuple[int, ...] = (1, 8)      # the step-variant comparison (TPF 1)
+    variant_caches: tuple[str, ...] = ("prefix", "block/exact")
 
 
 FULL_PLAN = GpuPlan(512, 32, 64, (1, 8, 32), (1, 4, 8), ("none", "prefix", "dual"), 240.0)
-TINY_PLAN = GpuPlan(32, 8, 16, (1, 4), (1, 4, 8), ("none", "prefix", "dual"), 60.0)
+TINY_PLAN = GpuPlan(32, 8, 16, (1, 4), (1, 4, 8), ("none", "prefix", "dual"), 60.0, (1,))
+STEP_KERNELS = ("torch", "fused", "compiled")
+VARIANT_COLUMNS = (("kernels", "kernels", "s"), ("cache", "cache", "s"), ("batch", "batch", "d"),
+                   ("steps", "steps", "d"), ("step_ms", "step ms", ".2f"),
+                   ("tokens_per_s", "tok/s", ".1f"), ("vs_torch", "x torch", ".2f"),
+                   ("compiled_calls", "compiled fwds", "d"), ("peak_mem_gib", "peak GiB", ".2f"))
 BLOCK_CACHES = ("block/none", "block/exact")     # block-causal: recompute, exact KV cache
 GPU_COLUMNS = (("cache", "cache", "s"), ("batch", "batch", "d"),
                ("tokens_per_forward", "TPF", "d"), ("steps", "steps", "d"),
@@ -257,6 +272,102 @@ def _measure(runner: _Runner, plan: GpuPlan, bar: Any, caches: Sequence[str],
     return rows, skipped
 
 
+@contextmanager
+def _kernel_setting(kernels: str, tiny: bool):
+    """CELERIS_KERNELS for the variant (torch: the twins; otherwise auto), and on the tiny CPU
+    smoke dynamo's eager backend for the compiled one; restored afterwards."""
+    saved = {k: os.environ.get(k) for k in ("CELERIS_KERNELS", "CELERIS_COMPILE_BACKEND")}
+    os.environ["CELERIS_KERNELS"] = "torch" if kernels == "torch" else "auto"
+    if tiny and kernels == "compiled":
+        os.environ["CELERIS_COMPILE_BACKEND"] = "eager"
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _variant_engine(engine: Any, kernels: str, cache: str, plan: GpuPlan) -> Any:
+    """A new engine over the same weights for one variant: compile=True for ``compiled``,
+    seats (and so KV slots) for the largest variant batch only; block caches attend
+    block-causally (the config switched in place, as for the block rows)."""
+    from celeris import Engine
+
+    engine.model.config.attention = "bidirectional"
+    config = replace(engine.config, compile=kernels == "compiled",
+                     max_running=max(plan.variant_batches))
+    engine = Engine(engine.model, engine.tokenizer, engine.model_dir, config)
+    return block_causal_engine(engine, plan.block_length) if cache.startswith("block") \
+        else engine
+
+
+def _free(device_type: str) -> None:
+    """Give a dropped engine's KV cache back before the next one is built."""
+    import gc
+
+    import torch
+    gc.collect()
+    if device_type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _measure_variants(engine: Any, plan: GpuPlan, costs: dict[str, float], hooks: tuple,
+                      bar: Any, start: float, tiny: bool) -> tuple[list[dict], list[str]]:
+    """Batch 1 and 8 at one token per forward with each kernel setting, side by side. A
+    compiled variant compiles in its first (untimed) run and runs at the first batch size
+    only; a second compile is skipped if, at the first one's cost, it would pass half the
+    budget (the rest is the main table's)."""
+    rows, skipped = [], []
+    compile_s = 0.0
+    for batch in plan.variant_batches:
+        for cache in plan.variant_caches:
+            for kernels in STEP_KERNELS:
+                if kernels == "compiled" and (
+                        batch != plan.variant_batches[0]
+                        or time.perf_counter() - start + compile_s > plan.budget_s / 2):
+                    skipped.append(f"compiled {cache} batch {batch} (compiled runs at batch "
+                                   f"{plan.variant_batches[0]}, within half the budget)")
+                    bar.update(1)
+                    continue
+                with _kernel_setting(kernels, tiny):
+                    runner = _Runner(_variant_engine(engine, kernels, cache, plan),
+                                     plan, costs, *hooks)
+                    try:
+                        warm = runner.time(cache, batch, 1)                      # untimed
+                        if kernels == "compiled":     # the first run compiled: run again
+                            compile_s = max(compile_s, warm["wall_s"])
+                            warm = runner.time(cache, batch, 1)
+                        predicted = warm["wall_s"]
+                        if time.perf_counter() - start + predicted > plan.budget_s:
+                            skipped.append(f"{kernels} {cache} batch {batch} (predicted "
+                                           f"{predicted:.0f} s past the budget)")
+                        else:
+                            before = _compiled_calls(runner.engine)
+                            row = runner.time(cache, batch, 1)
+                            after = _compiled_calls(runner.engine)
+                            rows.append(dict(row, kernels=kernels, compiled_calls=None
+                                             if after is None else after - before))
+                    finally:
+                        runner.counter.handle.remove()
+                        del runner
+                        _free(engine.device.type)
+                bar.update(1)
+    engine.model.config.attention = "bidirectional"
+    base = {(r["cache"], r["batch"]): r["tokens_per_s"] for r in rows if r["kernels"] == "torch"}
+    for r in rows:
+        ref = base.get((r["cache"], r["batch"]))
+        r["vs_torch"] = r["tokens_per_s"] / ref if ref else None
+    return rows, skipped
+
+
+def _compiled_calls(engine: Any) -> int | None:
+    """Forwards that ran compiled (None: not a compiled engine)."""
+    return getattr(engine.runner.model, "compiled_calls", None)
+
+
 def _annotate(rows: list[dict], costs: dict[str, float], gpu: str | None) -> None:
     bw, peak = _peaks(gpu)
     ref = {(r["cache"].startswith("block"), r["batch"], r["tokens_per_forward"]):
@@ -283,11 +394,15 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
     model = engine.model
     costs = _model_costs(model)
     hooks = _device_hooks(device)
-    runner = _Runner(engine, plan, costs, *hooks)
     bar = ctx.bar(len(plan.batches) * (len(plan.caches) + len(BLOCK_CACHES))
-                  * len(plan.tokens_per_forward), "gpu")
+                  * len(plan.tokens_per_forward)
+                  + len(plan.variant_batches) * len(plan.variant_caches) * len(STEP_KERNELS),
+                  "gpu")
     start = time.perf_counter()
-    rows, skipped = _measure(runner, plan, bar, plan.caches, start)
+    variants, skipped = _measure_variants(engine, plan, costs, hooks, bar, start, ctx.tiny)
+    runner = _Runner(engine, plan, costs, *hooks)
+    rows, more_skipped = _measure(runner, plan, bar, plan.caches, start)
+    skipped += more_skipped
     # the same weights, attending block-causally (blocks of block_length): a new engine
     block_engine = block_causal_engine(engine, plan.block_length)
     more, more_skipped = _measure(_Runner(block_engine, plan, costs, *hooks), plan, bar,
@@ -313,5 +428,16 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
              "HBM frac = weight bytes (all but the embedding) x steps / wall / peak bandwidth; "
              "FLOP frac = estimated FLOPs (matmuls + attention + head) / wall / peak dense bf16",
              *(f"skipped: {s}" for s in skipped)]
-    return section("gpu", "GPU: LLaDA-8B-shaped decoding step", GPU_COLUMNS, rows, settings,
-                   notes)
+    notes.insert(2, "step_variants (batch " + "/".join(map(str, plan.variant_batches))
+                 + ", TPF 1): kernels torch = CELERIS_KERNELS=torch (module-path RMSNorm, RoPE, "
+                 "cache copies), fused = Triton RMSNorm+residual, q/k RoPE and cache write "
+                 "(the CUDA default, and what the rows above run on CUDA), compiled = "
+                 "EngineConfig(compile=True) (torch.compile, reduce-overhead on CUDA), measured "
+                 "first and side by side" + ("; tiny CPU smoke: fused = torch path, compiled = "
+                                             "dynamo with the eager backend" if ctx.tiny else ""))
+    out = section("gpu", "GPU: LLaDA-8B-shaped decoding step", GPU_COLUMNS, rows, settings,
+                  notes)
+    out["tables"] = [{"name": "step_variants", "rows": variants,
+                      "title": "step_variants: the step with each kernel setting (TPF 1)",
+                      "columns": [list(c) for c in VARIANT_COLUMNS]}]
+    return out

@@ -47,6 +47,9 @@ def console(report: dict[str, Any]) -> str:
         if facts:
             lines.append("   " + ", ".join(facts))
         lines.append(table(sec["columns"], sec["rows"]))
+        for extra in sec.get("tables", ()):          # further tables a suite measured
+            lines.append(f"   -- {extra['title']}")
+            lines.append(table(extra["columns"], extra["rows"]))
         lines.extend(f"   note: {n}" for n in sec.get("notes", []) if n)
     return "\n".join(lines)
 

@@ -16,6 +16,10 @@ makes the step capturable:
 - a step with left-padded rows (windows of different widths in one batch) runs eagerly: its
   boolean-mask packing has data-dependent shapes that would split the graph at every layer.
 
+``CELERIS_COMPILE_BACKEND`` names another torch.compile backend than inductor (``aot_eager``
+tells a tracing problem from an inductor one; ``eager``, dynamo's capture alone, is what the
+CPU smoke of the GPU bench uses).
+
 If compiling fails (no C++ compiler for inductor on a CPU, an op inductor cannot lower), the
 wrapper warns once and runs the eager model from then on: same tokens, eager speed. A failure
 after the first successful compiled call that is not a compiler error is the step's own and is
@@ -24,6 +28,7 @@ raised.
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any
 
@@ -45,8 +50,9 @@ class CompiledForward:
     """Callable like the model it wraps (``config``, ``parameters()`` and every other attribute
     are the model's); ``fallback`` says why it runs eagerly, once it does."""
 
-    def __init__(self, model: Any, mode: str | None = AUTO, backend: Any = "inductor",
+    def __init__(self, model: Any, mode: str | None = AUTO, backend: Any = None,
                  dynamic: bool = True) -> None:
+        backend = backend or os.environ.get("CELERIS_COMPILE_BACKEND") or "inductor"
         self.model = model
         self.device = next(model.parameters()).device
         self.mode = compile_mode(self.device) if mode == AUTO else mode
