@@ -29,6 +29,8 @@ class StepEvent:
     committed:   canvas positions (0-based, relative to the answer) committed in this step.
     confidences: the confidence of each committed position, aligned with ``committed``.
     text:        decoded text of the contiguous committed prefix, cut at the first EOS/EoT.
+    edited:      those ``committed`` positions that replaced an earlier token (token
+                 editing, LLaDA2.1) instead of a mask.
     """
 
     request_id: str
@@ -43,6 +45,7 @@ class StepEvent:
     mask_id: int
     block_length: int
     finished: bool = False
+    edited: tuple[int, ...] = ()
 
     @property
     def num_masked(self) -> int:
@@ -53,6 +56,7 @@ class StepEvent:
         out["canvas"] = list(self.canvas)
         out["committed"] = list(self.committed)
         out["confidences"] = list(self.confidences)
+        out["edited"] = list(self.edited)
         return out
 
 

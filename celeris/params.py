@@ -22,6 +22,7 @@ MAX_TEMPERATURE = 2.0     # OpenAI's range; the UI slider's too
 MAX_CFG_SCALE = 20.0
 MAX_STOP_STRINGS = 8
 MAX_SEED = 2**63 - 1
+MAX_POST_EDIT_STEPS = 256
 
 # Dream's names for its unmasking orders map onto our confidence measures.
 DREAM_ALGS = {"maskgit_plus": "low_confidence", "topk_margin": "margin",
@@ -63,6 +64,11 @@ class GenerationParams:
                   argmax, from the finished block's last position, before the rest of the block
                   is denoised: Fast-dLLM v2's generate(); with decoding="threshold" and its
                   sub-blocks this reproduces that sampler token for token at T=0).
+    edit_threshold: block-causal models: token editing (LLaDA2.1's token-to-token rule), off
+                  when None. A token already committed in the current (sub-)block is replaced
+                  by the model's choice there when that choice differs and its probability >
+                  edit_threshold; once the unit has no masks left, up to max_post_edit_steps
+                  more forwards edit it until one changes nothing. 1.0 turns it off too.
     """
 
     gen_length: int = 128
@@ -83,6 +89,8 @@ class GenerationParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     first_token: str = "policy"
+    edit_threshold: float | None = None
+    max_post_edit_steps: int = 16
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +102,11 @@ class GenerationParams:
         _validate(self)
 
     # ----------------------------------------------------------------- derived
+    @property
+    def edits(self) -> bool:
+        """Token editing is on (a threshold below 1: no probability is above 1)."""
+        return self.edit_threshold is not None and self.edit_threshold < 1.0
+
     @property
     def num_blocks(self) -> int:
         return -(-self.gen_length // self.block_length)
@@ -197,3 +210,6 @@ def _validate(p: GenerationParams) -> None:
     if p.seed is not None:
         _check_int("seed", p.seed, 0, MAX_SEED)
     _check_choice("first_token", p.first_token, FIRST_TOKENS)
+    if p.edit_threshold is not None:
+        _check_float("edit_threshold", p.edit_threshold, 0.0, 1.0, lo_open=True)
+    _check_int("max_post_edit_steps", p.max_post_edit_steps, 0, MAX_POST_EDIT_STEPS)

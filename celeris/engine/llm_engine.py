@@ -173,6 +173,10 @@ class Engine:
             if canvas is not None:
                 raise ValueError(infill_refusal(self.model_dir.name))
             self.layout.check(params)
+        elif params.edits:
+            raise ValueError("edit_threshold: token editing needs a block-causal model "
+                             f"(LLaDA2.1, SDAR, celeris-tiny-bd); {self.model_dir.name} "
+                             "denoises a full-attention canvas")
         elif canvas is not None and len(canvas) != params.canvas_length:
             raise ValueError(f"canvas has {len(canvas)} positions but gen_length "
                              f"{params.gen_length} needs {params.canvas_length}")

@@ -90,6 +90,9 @@ class Request:
     nfe: int = 0
     committed: tuple[int, ...] = ()          # this step's commits (answer positions)
     confidences: tuple[float, ...] = ()
+    edited: tuple[int, ...] = ()             # those of them that replaced a token (editing)
+    settling: bool = False       # token editing: the unit may still change (no advance/end)
+    post_edits: int = 0          # forwards spent editing the unit after its last mask went
     prefix: int = 0              # end of the contiguous committed prefix (absolute)
     stop_at: int = -1            # absolute position of the first stop token in that prefix
     # --- delivery and the end ---
@@ -121,18 +124,28 @@ class Request:
     # ------------------------------------------------------------ after a step
     def commit(self, ids: Sequence[float], take: Sequence[float], conf: Sequence[float],
                mask: int, stop: Sequence[int]) -> None:
-        """Write this step's committed tokens (``take`` over the unit [lo, lo + len(take)))."""
-        lo, P = self.lo, self.prompt_len
+        """Write this step's tokens (``take`` over the unit [lo, lo + len(take))): masked
+        positions committed and, with token editing, committed ones replaced."""
+        lo, P, seq = self.lo, self.prompt_len, self.seq
         picked = [j for j, t in enumerate(take) if t]
+        had_masks = mask in seq[lo:self.hi]
+        edits = [lo + j for j in picked if seq[lo + j] != mask]
         for j in picked:
-            self.seq[lo + j] = int(ids[j])
+            seq[lo + j] = int(ids[j])
         self.committed = tuple(lo + j - P for j in picked)
         self.confidences = tuple(float(conf[j]) for j in picked)
-        self.todo -= len(picked)
+        self.edited = tuple(i - P for i in edits)
+        self.todo -= len(picked) - len(edits)
         self.step += 1
         if self.schedule:
             self.schedule.pop(0)
-        seq, n = self.seq, min(len(self.seq), self.end)
+        if self.params.edits:
+            self.post_edits += not had_masks
+            self.settling = mask in seq[lo:self.hi] or \
+                (bool(picked) and self.post_edits < self.params.max_post_edit_steps)
+        if edits and edits[0] <= self.prefix:     # an edit inside the committed prefix
+            self.prefix, self.stop_at, self._text_len = edits[0], -1, -1
+        n = min(len(seq), self.end)
         while self.stop_at < 0 and self.prefix < n and seq[self.prefix] != mask:
             if seq[self.prefix] in stop:
                 self.stop_at = self.prefix
@@ -154,6 +167,8 @@ class Request:
             return None
         elif self.failure is not None:
             finish = FinishReason.ERROR
+        elif self.settling:          # token editing may still change the unit
+            return None
         elif p.stop and cut_at_stop(self._decoded(), p.stop)[1]:
             finish = FinishReason.STOP
         elif self.stop_at >= 0 and (stops_at_eos or self.todo == 0):
@@ -167,9 +182,13 @@ class Request:
 
     # ------------------------------------------------------------ outputs
     def answer_ids(self) -> list[int]:
-        """The committed answer before the first stop token or mask, at most gen_length."""
+        """The committed answer before the first stop token or mask, at most gen_length
+        (and, while token editing may still change the unit, only what precedes it)."""
         P = self.prompt_len
-        return self.seq[P:min(self.prefix, P + self.params.gen_length)] if self.seq else []
+        end = min(self.prefix, P + self.params.gen_length)
+        if self.settling:
+            end = min(end, self.lo)
+        return self.seq[P:end] if self.seq else []
 
     def _decoded(self) -> str:
         """The decoded answer prefix (re-decoded only when it grew)."""
@@ -195,7 +214,7 @@ class Request:
         self.text = text if self.finished else settled_text(text, self.params.stop)
         return StepEvent(self.request_id, self.step, self.blocks_done, self.canvas_view(),
                          self.committed, self.confidences, self.nfe, now, self.text, mask_id,
-                         block_length, self.finished)
+                         block_length, self.finished, self.edited)
 
     def result(self, encode: Callable[[str], list[int]]) -> GenerationResult:
         ids = self.answer_ids()

@@ -46,6 +46,9 @@ class RowKnobs:
         self.any_suppress = any(p.suppress_eos for p in params)
         self.any_defer = any(p.defer_eos for p in params)
         self.any_random = any(p.remasking == "random" for p in params)
+        self.any_edit = any(p.edits for p in params)
+        self.edit_threshold = torch.tensor([p.edit_threshold if p.edits else 2.0
+                                            for p in params], device=device)
         self.stop_ids = torch.tensor(tuple(stop_ids), device=device)
         self.need = tuple(sorted({CONFIDENCES[p.remasking].stat for p in params
                                   if p.remasking in ("margin", "entropy")}))
@@ -56,10 +59,10 @@ class RowKnobs:
                 self.groups.setdefault(attr, []).append((table[name], rows[:, None]))
 
     def choose(self, logits: torch.Tensor, active: torch.Tensor, widths: list[int]
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x0 (B, W), confidence (B, W) and a (B,) flag for rows whose logits at an active
-        position are not finite, from logits (B, W, V); row b's unit is its first
-        ``widths[b]`` columns (its noise is drawn for those only).
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x0 (B, W), confidence (B, W), x0's probability (B, W) and a (B,) flag for rows
+        whose logits at an active position are not finite, from logits (B, W, V); row b's
+        unit is its first ``widths[b]`` columns (its noise is drawn for those only).
 
         The mask token itself is never a prediction: a committed [MASK] would stay masked.
         """
@@ -92,7 +95,14 @@ class RowKnobs:
         if self.any_defer:
             is_stop = torch.isin(stats.x0, self.stop_ids)
             conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
-        return stats.x0, conf, bad
+        return stats.x0, conf, stats.p_x0, bad
+
+    def edit(self, x0: torch.Tensor, p_x0: torch.Tensor, tokens: torch.Tensor,
+             editable: torch.Tensor) -> torch.Tensor:
+        """(B, W) bool: token editing (LLaDA2.1's token-to-token rule). An editable committed
+        position takes the model's choice when it differs from its token and its probability
+        is strictly above the row's edit threshold."""
+        return editable & (x0 != tokens) & (p_x0 > self.edit_threshold[:, None])
 
     def select(self, conf: torch.Tensor, active: torch.Tensor, k: torch.Tensor
                ) -> torch.Tensor:
