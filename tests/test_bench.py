@@ -122,6 +122,9 @@ def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(be
         assert row["vs_ar"] is not None
     assert rows[0]["vs_ar"] == 1.0 and "tokens_per_forward" in rows[2]
     assert "tokens_per_forward" not in rows[0]
+    # sampled diversity of the engine systems at batch 1: distinct stories of 5 seeds
+    assert [("seed_stories" in r) for r in rows] == [False, True, True, False, False, False]
+    assert all(1.0 <= r["seed_stories"] <= 5.0 for r in rows[1:3])
 
 
 def test_lengths_are_capped_by_the_context_and_repeated(bench_run):
@@ -305,3 +308,20 @@ def test_side_by_side_timing_runs_every_chunk_by_every_system_in_rotating_order(
         results, walls = out[name]
         assert results == [f"{name}:{x}" for x in range(5)]      # item order kept
         assert len(walls) == 3 and all(w >= 0 for w in walls)
+
+
+def test_seed_stories_counts_distinct_samples_per_request():
+    from celeris import GenerationParams
+    from celeris.bench.stories import SEEDS, seed_stories
+
+    seen = []
+
+    class Echo:       # request 0 tells one story whatever the seed; request 1 one per seed
+        def generate_batch(self, prompts, params):
+            seen.extend((p.temperature, p.seed) for p in params)
+            return [SimpleNamespace(text="same" if "first" in str(m) else f"story {p.seed}")
+                    for m, p in zip(prompts, params)]
+
+    reqs = [SimpleNamespace(text="first request"), SimpleNamespace(text="second request")]
+    assert seed_stories(Echo(), GenerationParams(), reqs) == (1 + SEEDS) / 2
+    assert seen == [(0.8, s) for _ in reqs for s in range(SEEDS)]

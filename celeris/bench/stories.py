@@ -23,11 +23,13 @@ STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("repeated_sentences", "repeats", ".3f"),
                  ("distinct_sentences", "distinct", ".3f"), ("vs_ar", "x AR", ".2f"),
                  ("vs_ar_engine", "x AR(C)", ".2f"),
+                 ("seed_stories", "5 seeds", ".2f"),
                  ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"),
                  ("request_by_field", "request by field", "s"))
 MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
 REQUESTS_PER_N = 8            # --n 5 -> 40 requests
 PROMPT_ROOM = 48              # context kept for the chat-templated request
+SEED_REQUESTS, SEEDS, SEED_TEMPERATURE = 4, 5, 0.8   # "5 seeds": one request, five samples
 
 
 def requests_for(ctx: BenchContext) -> list[Any]:
@@ -91,12 +93,25 @@ def measure(ctx: BenchContext, requests: Sequence[Any], batch: int
     rows = [_row(AR_SYSTEM, batch, [r["text"] for r in ar_results],
                  [r["completion_tokens"] for r in ar_results], None, ar_walls, requests,
                  ar_params(cap))]
-    for name, (_, p) in engines.items():
+    for name, (eng, p) in engines.items():
         results, walls = out[name]
         rows.append(_row(name, batch, [r.text for r in results],
                          [r.usage.completion_tokens for r in results],
                          [r.nfe for r in results], walls, requests, p.to_dict()))
+        if batch == 1:                 # sampled diversity, outside the timed runs
+            rows[-1]["seed_stories"] = seed_stories(eng, p, requests)
     return rows
+
+
+def seed_stories(engine: Any, params: Any, requests: Sequence[Any]) -> float:
+    """Distinct stories among SEEDS samples of one request at temperature SEED_TEMPERATURE,
+    averaged over the first SEED_REQUESTS requests (a model that tells one story: 1)."""
+    reqs = list(requests)[:SEED_REQUESTS]
+    prompts = [messages(r.text) for r in reqs for _ in range(SEEDS)]
+    plist = [params.replace(temperature=SEED_TEMPERATURE, seed=s)
+             for _ in reqs for s in range(SEEDS)]
+    texts = [r.text for r in engine.generate_batch(prompts, plist)]
+    return sum(len(set(texts[i * SEEDS:(i + 1) * SEEDS])) for i in range(len(reqs))) / len(reqs)
 
 
 def _engine_run(engine: Any, params: Any):
@@ -135,6 +150,9 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              "answers' sentences that are distinct, names replaced by one placeholder (the "
              "corpus's stories for the 40 held-out requests 0.65; one story told to every request "
              "scores low) (celeris.evals.longcheck)",
+             f"5 seeds = distinct stories among {SEEDS} samples of one request at temperature "
+             f"{SEED_TEMPERATURE} (seeds 0-{SEEDS - 1}), mean over the first {SEED_REQUESTS} "
+             "requests; engine systems, batch-1 rows (the HF twin's generate() is greedy)",
              "TPF = completion tokens / model forwards (Celeris only)", AR_ENGINE_NOTE]
     return section("stories", "Long-story requests: Celeris vs the autoregressive twin",
                    STORY_COLUMNS, rows, settings, notes)
