@@ -36,7 +36,9 @@ def model():
 
 
 def upstream_generate(model, prompt: list[int], gen_length: int, threshold: float,
-                      edit_threshold: float, max_post: int) -> tuple[list[int], int]:
+                      edit_threshold: float | None, max_post: int, mask: int = MASK,
+                      stops: tuple[int, ...] = (STOP,), bs: int = BS
+                      ) -> tuple[list[int], int]:
     """LLaDA2.1's decoding for one sequence, loop by loop; (answer, number of edits).
 
     Per block: each forward takes the argmax x and its probability p at every position of
@@ -45,17 +47,17 @@ def upstream_generate(model, prompt: list[int], gen_length: int, threshold: floa
     replaced. Once the block has no masks, each further forward counts as a post-edit step;
     the block ends when a forward changes nothing or after max_post such steps. The answer
     ends after the block in which a stop token appears."""
-    P = len(prompt)
+    P, MASK, BS = len(prompt), mask, bs
     x = list(prompt) + [MASK] * gen_length
     assert len(x) % BS == 0
-    edits = 0
+    edits, edit_threshold = 0, 2.0 if edit_threshold is None else edit_threshold
     for blk in range(P // BS * BS, len(x), BS):
         post = 0
         while True:
             with torch.no_grad():
                 logits = model(torch.tensor([x[:blk + BS]])).logits[0, blk:blk + BS]
             logits[:, MASK] = float("-inf")   # [MASK] is never a prediction (as upstream's)
-            probs = logits.softmax(-1)
+            probs = logits.float().softmax(-1)
             p, tok = probs.max(-1)
             masked = torch.tensor([t == MASK for t in x[blk:blk + BS]])
             answer = torch.tensor([blk + i >= P for i in range(BS)])
@@ -75,11 +77,12 @@ def upstream_generate(model, prompt: list[int], gen_length: int, threshold: floa
             edits += int(edit.sum())
             for i in torch.nonzero(commit | edit).flatten().tolist():
                 x[blk + i] = int(tok[i])
-        if STOP in x[P:blk + BS]:
+        if any(t in stops for t in x[P:blk + BS]):
             break
     answer = x[P:]
-    if STOP in answer:
-        answer = answer[:answer.index(STOP)]
+    ends = [i for i, t in enumerate(answer) if t in stops]
+    if ends:
+        answer = answer[:ends[0]]
     return [t for t in answer if t != MASK], edits
 
 
@@ -160,3 +163,27 @@ def test_llada21_generation_config_turns_editing_on(tmp_path):
     assert defaults == {"threshold": 0.7, "edit_threshold": 0.5, "max_post_edit_steps": 8}
     (tmp_path / "generation_config.json").write_text(json.dumps({"threshold": 0.95}))
     assert "edit_threshold" not in read_generation_defaults(tmp_path)
+
+
+@pytest.mark.parametrize("edit_threshold", [None, 0.05])
+def test_llada2_family_decodes_as_its_published_block_loop(tmp_path, edit_threshold):
+    """A tiny llada2_moe checkpoint laid out as published (block 32): the engine with LLaDA2's
+    threshold rule, with and without editing, equals the transcription."""
+    from tests.test_families import write_family
+
+    engine = Engine.from_pretrained(write_family(tmp_path / "llada2", "llada2"), device="cpu")
+    assert engine.block_size == 32
+    sp, vocab = engine.special, engine.model.config.vocab_size
+    edits = 0
+    for P in (5, 40):
+        prompt = torch.randint(8, min(vocab, 300), (P,),
+                               generator=torch.Generator().manual_seed(P)).tolist()
+        gen_length = (P // 32 + 2) * 32 - P
+        ref, n = upstream_generate(engine.model, prompt, gen_length, 0.02, edit_threshold, 4,
+                                   sp.mask, tuple(sp.stop), 32)
+        edits += n
+        params = engine.default_params().replace(
+            gen_length=gen_length, threshold=0.02, edit_threshold=edit_threshold,
+            max_post_edit_steps=4, temperature=0.0)
+        assert list(engine.generate(prompt, params).token_ids) == ref
+    assert (edits > 0) == (edit_threshold is not None)
