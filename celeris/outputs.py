@@ -31,6 +31,10 @@ class StepEvent:
     text:        decoded text of the contiguous committed prefix, cut at the first EOS/EoT.
     edited:      those ``committed`` positions that replaced an earlier token (token
                  editing, LLaDA2.1) instead of a mask.
+    draft:       positions whose ``canvas`` token is the sampler's current draft, not accepted
+                 yet (DiffusionGemma's uniform-noise canvas: tokens that change from step to
+                 step, then are accepted at once); they count as masked in ``num_masked``
+                 and are not part of ``text``.
     """
 
     request_id: str
@@ -46,10 +50,12 @@ class StepEvent:
     block_length: int
     finished: bool = False
     edited: tuple[int, ...] = ()
+    draft: tuple[int, ...] = ()
 
     @property
     def num_masked(self) -> int:
-        return sum(1 for t in self.canvas if t == self.mask_id)
+        """Positions not yet final: masks, and draft tokens."""
+        return sum(1 for t in self.canvas if t == self.mask_id) + len(self.draft)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -57,6 +63,7 @@ class StepEvent:
         out["committed"] = list(self.committed)
         out["confidences"] = list(self.confidences)
         out["edited"] = list(self.edited)
+        out["draft"] = list(self.draft)
         return out
 
 

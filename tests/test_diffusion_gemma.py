@@ -335,8 +335,23 @@ def test_stream_commits_canvas_by_canvas_and_ends_with_the_result(engine_and_ref
     assert len(events) == result.nfe and events[-1].text == result.text
     texts = [e.text for e in events]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
-    canvas = events[0].canvas                             # nothing final before a canvas ends
-    assert set(canvas[:CANVAS]) == {engine.special.mask}
+    # a canvas in progress shows the sampler's draft (its argmax) as tokens, not masks, each
+    # listed in ``draft``; nothing of it is in the text before the canvas is accepted
+    mask, final = engine.special.mask, list(result.token_ids)
+    drafts = [e for e in events if not e.committed]
+    assert len(drafts) == len(events) - GEN // CANVAS > 0
+    for e in drafts:
+        span = range(CANVAS * e.block, CANVAS * (e.block + 1))
+        assert e.draft == tuple(span) and len(e.canvas) == span.stop
+        assert mask not in e.canvas and e.num_masked == CANVAS
+        assert list(e.canvas[:span.start]) == final[:span.start]     # the accepted canvases
+        assert e.text == result.text[:len(e.text)]
+    assert all(e.draft == () and mask not in e.canvas for e in commits)
+    # the drafts change from step to step, and the accepted canvas is the last draft's
+    # successor (its argmax), not a mask that disappears
+    pairs = [(a, b) for a, b in zip(events, events[1:]) if a.draft and b.block == a.block]
+    assert sum(a.canvas != b.canvas for a, b in pairs) > 0
+    assert any(list(a.canvas[a.draft[0]:]) != final[a.draft[0]:a.draft[-1] + 1] for a in drafts)
 
 
 @pytest.mark.parametrize("change, words", [

@@ -25,6 +25,11 @@ One step of a request (the reference's ``generate()``, transformers' diffusion_g
    the mean entropy is below ``confidence_threshold``, or after ``max_denoising_steps`` steps
    (``steps`` per canvas when the request gives it); its argmax is then committed at once.
 
+A step that does not finish its canvas commits nothing, and its event shows the canvas's
+draft (the step's argmax, what would be committed) in place of the masks, listed in
+``StepEvent.draft``: the playground draws tokens changing, not masks disappearing. The
+event's ``text`` stays the accepted text only.
+
 Random draws come from the request's own generator in the reference's order (canvas, then per
 step the samples and the renoising draw, also at temperature 0), so a request seeded like
 ``torch.manual_seed(seed)`` before the reference's ``generate()`` gives the same tokens
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -59,6 +64,7 @@ class _CanvasState:
     history: torch.Tensor | None = None      # (S, 1, L) the last S argmax canvases
     left: int = 0                            # denoising steps left for this canvas
     total: int = 0                           # denoising steps this canvas may take
+    draft: list[int] | None = None           # the argmax on the host, if not committed
 
 
 class GemmaLayout:
@@ -98,8 +104,10 @@ class GemmaLayout:
 
     def advance(self, req: Request) -> None:
         """A committed canvas opens the next one (the answer is not over: the engine ended
-        the request otherwise)."""
+        the request otherwise); an unfinished one shows its draft in this step's event (the
+        engine built the event just before)."""
         if self.mask in req.seq[req.lo:req.hi]:
+            self._show_draft(req)
             return
         L = self.block_size
         req.block_start += L
@@ -107,6 +115,17 @@ class GemmaLayout:
         req.lo, req.hi = req.block_start, min(req.block_start + L, req.end)
         req.blocks_done += 1
         req.unit += 1
+
+    def _show_draft(self, req: Request) -> None:
+        """The step's event with the draft tokens in the canvas's masked positions."""
+        st, ev = self.states.get(req), req.pending
+        if st is None or st.draft is None or ev is None:
+            return
+        P, canvas = req.prompt_len, list(ev.canvas)
+        draft = tuple(i - P for i in range(req.lo, req.hi) if req.seq[i] == self.mask)
+        for j in draft:
+            canvas[j] = st.draft[j + P - req.lo]
+        req.pending = replace(ev, canvas=tuple(canvas), draft=draft)
 
     def check(self, params: Any) -> None:
         """What DiffusionGemma's sampler cannot honour, refused with the field named."""
@@ -175,11 +194,12 @@ class GemmaLayout:
                 r.failure = NonFiniteLogitsError([r.request_id])
                 continue
             r.nfe += 1
+            w = r.hi - r.lo
             if row[0] > 0 or st.left == 0:     # stable and confident, or out of steps
-                st.left = 0
-                w = r.hi - r.lo
+                st.left, st.draft = 0, None
                 r.commit(row[2:2 + w], [1.0] * w, row[2 + L:2 + L + w], self.mask, stop)
             else:
+                st.draft = [int(t) for t in row[2:2 + w]]
                 r.commit([], [], [], self.mask, stop)
 
     def _new_canvas(self, r: Request, st: _CanvasState, dev: torch.device) -> None:

@@ -66,12 +66,15 @@ class Shapes:
                 "celeris": celeris_stats(result)}
 
     def denoise(self, event: StepEvent) -> dict[str, Any]:
-        """A canvas snapshot (the ``celeris.denoise`` SSE event)."""
+        """A canvas snapshot (the ``celeris.denoise`` SSE event): ``edited`` lists the
+        committed positions that replaced a token (token editing), ``draft`` the positions
+        whose canvas token is a draft not accepted yet (DiffusionGemma)."""
         return {**self._head("celeris.denoise"), "choices": [], "step": event.step,
                 "block": event.block, "block_length": event.block_length,
                 "canvas": list(event.canvas), "mask_id": event.mask_id,
                 "committed": list(event.committed),
                 "confidences": [round(c, 5) for c in event.confidences],
+                "edited": list(event.edited), "draft": list(event.draft),
                 "nfe": event.nfe, "elapsed_s": round(event.elapsed, 6), "text": event.text}
 
 
