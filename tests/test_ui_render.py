@@ -26,9 +26,11 @@ def token_text(ids):
     return [STRINGS.get(t, f"t{t}") for t in ids]
 
 
-def event(step, canvas, committed, confs, block=0, block_length=2, finished=False, nfe=None):
+def event(step, canvas, committed, confs, block=0, block_length=2, finished=False, nfe=None,
+          edited=(), draft=()):
     return StepEvent("r1", step, block, tuple(canvas), tuple(committed), tuple(confs),
-                     step if nfe is None else nfe, 0.01 * step, "", M, block_length, finished)
+                     step if nfe is None else nfe, 0.01 * step, "", M, block_length, finished,
+                     tuple(edited), tuple(draft))
 
 
 def result(text="Hello world", tokens=2, nfe=3, total=0.03, finish=FinishReason.LENGTH):
@@ -132,6 +134,92 @@ def test_replay_shows_any_step_again():
     assert "every position masked" in render.replay_caption(traj, 0)
 
 
+def edit_run():
+    """Canvas of 4, one block: step 1 commits 0 and 1 (" world"), step 2 commits 2 and
+    edits 1 (" world" -> "Hello"), step 3 commits 3."""
+    traj = Trajectory(4, 4)
+    traj.add(event(1, [1, 2, M, M], [0, 1], [0.9, 0.6], block_length=4), token_text)
+    traj.add(event(2, [1, 1, 5, M], [1, 2], [0.8, 0.7], block_length=4, edited=[1]),
+             token_text)
+    traj.add(event(3, [1, 1, 5, 4], [3], [0.95], block_length=4), token_text)
+    return traj
+
+
+def test_edited_tokens_are_marked_live_and_in_the_replay():
+    traj = edit_run()
+    before = canvas(traj, 1)                        # the replay before the edit: the old token
+    assert kinds(before) == ["new", "new", "mask", "mask"]
+    assert before[1]["t"] == " world" and "edit" not in before[1]["k"]
+    assert "edited" not in before[1]["h"]
+    at = canvas(traj, 2)                            # the step that edited it
+    assert [c["k"] for c in at] == ["old", "new edit", "new", "mask"]
+    assert at[1]["t"] == "Hello"
+    assert 'edited: " world" -> "Hello"' in at[1]["h"] and "confidence 0.800" in at[1]["h"]
+    assert "edit" not in at[2]["k"]                 # filled a mask: not an edit
+    live = canvas(traj, live=True)                  # later: still marked, as an older commit
+    assert [c["k"] for c in live] == ["old", "old edit", "old", "new end"]
+    assert 'edited: " world" -> "Hello"' in live[1]["h"]
+    assert render.replay_caption(traj, 2).startswith(
+        "step 2 of 3 · block 0 · 2 committed this step (1 of them edited) · NFE 2")
+    assert "edited" not in render.replay_caption(traj, 3)
+    assert traj.canvas_ids() == [1, 1, 5, 4] and traj.commit_steps()[1] == (2, 0.8)
+    assert render.canvas_text(traj) == "HelloHello\n"
+    traj.finish(result())
+    assert " in 3 steps · 1 token edited · NFE 3 · " in render.run_summary(traj)
+    bars = charts.commits_per_step(traj).data
+    assert (list(bars[0].y), list(bars[1].y)) == ([2, 1, 1], [0, 1, 0])
+    assert bars[1].name == "edited"
+    again = Trajectory.from_dict(json.loads(json.dumps(traj.to_dict())))
+    assert canvas(again, 2) == at
+
+
+def test_an_edit_note_shows_every_replaced_text_and_escapes_nothing_twice():
+    traj = edit_run()
+    traj.add(event(4, [1, 6, 5, 4], [1], [0.99], block_length=4, edited=[1]), token_text)
+    c = canvas(traj)[1]
+    assert c["k"] == "new edit" and c["t"] == "&#36;&#123;alert(1)&#125;"   # the label escaped
+    assert c["h"].endswith('edited: " world" -> "Hello" -> "${alert(1)}"')  # the title: plain
+    assert "\t" not in render.edit_note(["a\tb"], "\n")
+
+
+def draft_run(finish=False):
+    """DiffusionGemma-like (the canvas grows a canvas of 4 at a time): steps 1 and 2 hold
+    drafts, step 3 accepts the canvas at once."""
+    traj = Trajectory(0, 4)
+    traj.add(event(1, [7, 8, 9, 10], [], [], block_length=4, draft=range(4)), token_text)
+    traj.add(event(2, [7, 11, 9, 4], [], [], block_length=4, draft=range(4)), token_text)
+    if finish:
+        traj.add(event(3, [1, 2, 5, 4], range(4), [1.0] * 4, block_length=4), token_text)
+        traj.finish(result())
+    return traj
+
+
+def test_draft_tokens_are_drawn_as_tokens_marked_as_draft():
+    traj = draft_run()
+    assert traj.pinned == {}                         # a draft is no prompt text
+    first, second = canvas(traj, 1), canvas(traj, 2)
+    assert kinds(first) == kinds(second) == ["draft"] * 4
+    assert [c["t"] for c in first] == ["t7", "t8", "t9", "t10"]
+    assert [c["t"] for c in second] == ["t7", "t11", "t9", render.END_GLYPH]
+    assert second[3]["k"] == "draft end"
+    assert 'draft (not accepted yet): "t11"' in second[1]["h"]
+    assert all(render.MASK_GLYPH not in c["t"] for c in second)
+    assert render.canvas_text(traj) == render.MASK_GLYPH * 4     # no text accepted yet
+    assert traj.filled_tokens() == 0 and traj.answer_tokens() == 0
+    assert "4 draft tokens" in render.replay_caption(traj, 2)
+    assert render.canvas_summary(render.canvas_cells(traj))["draft"] == 4
+    done = draft_run(finish=True)
+    assert kinds(canvas(done)) == ["old"] * 4 and kinds(canvas(done, 2)) == ["draft"] * 4
+    assert list(charts.commits_per_step(done).data[0].y) == [0, 0, 4]
+
+
+def test_drafts_of_a_stopped_run_are_not_shown_as_text():
+    traj = draft_run()
+    traj.finish(result(finish=FinishReason.ABORT))
+    assert kinds(canvas(traj)) == ["skip"] * 4
+    assert kinds(canvas(traj, 1)) == ["draft"] * 4     # the replay still shows them
+
+
 def test_masked_cells_before_the_first_step():
     cells = masked(6, 3)
     assert kinds(cells) == ["mask"] * 6
@@ -164,7 +252,8 @@ def test_trajectory_round_trips_through_json():
     assert again.result["text"] == "Hello world" and again.num_steps == 3
     assert data["steps"][0] == {"step": 1, "block": 0, "nfe": 1, "elapsed": 0.01,
                                 "committed": [1], "confidences": [0.5], "tokens": [2],
-                                "text": "", "length": 4}
+                                "text": "", "length": 4, "edited": [], "texts": [" world"],
+                                "draft": [], "draft_tokens": [], "draft_texts": []}
 
 
 def test_text_at_uses_the_result_once_finished():

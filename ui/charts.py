@@ -12,10 +12,15 @@ _LAYOUT = dict(margin=dict(l=50, r=20, t=40, b=40), height=300, template="plotly
 
 
 def commits_per_step(traj: Trajectory) -> go.Figure:
-    """Bar chart: how many positions each step committed (the unmask schedule in action)."""
-    fig = go.Figure(go.Bar(x=[r.step for r in traj.steps],
-                           y=[len(r.committed) for r in traj.steps],
+    """Bar chart: how many positions each step committed (the unmask schedule in action);
+    with token editing, the tokens a step replaced stacked on the masks it filled."""
+    steps = [r.step for r in traj.steps]
+    edits = [len(r.edited) for r in traj.steps]
+    fig = go.Figure(go.Bar(x=steps, y=[len(r.committed) - e for r, e in zip(traj.steps, edits)],
                            marker_color="#6366f1", name="committed"))
+    if any(edits):
+        fig.add_trace(go.Bar(x=steps, y=edits, marker_color="#e11d48", name="edited"))
+        fig.update_layout(barmode="stack")
     fig.update_layout(title="Tokens committed per step", xaxis_title="step",
                       yaxis_title="tokens", **_LAYOUT)
     return fig

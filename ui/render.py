@@ -12,7 +12,8 @@ import html
 import math
 from typing import Any, Iterable, Sequence
 
-from .trajectory import FRAGMENT, MASK, NEW, OLD, PINNED, SKIPPED, Decode, Trajectory
+from .trajectory import (DRAFT, FRAGMENT, MASK, NEW, OLD, PINNED, SKIPPED, Decode,
+                         Trajectory)
 
 MASK_GLYPH = "\u2591\u2591"      # light shade: a position still masked
 END_GLYPH = "\u2205"             # empty set: an end-of-text / special token
@@ -35,10 +36,20 @@ def error_markdown(why: str) -> str:
 
 def token_label(text: str) -> str:
     """How one token reads on the canvas: whitespace made visible, then escaped."""
+    return escape_text(visible(text))
+
+
+def visible(text: str) -> str:
+    """A token's text with newlines, tabs and end of text made visible (not escaped)."""
     if text == "":
         return END_GLYPH
-    shown = text.replace("\n", "\u21b5").replace("\t", "\u21e5")
-    return escape_text(shown)
+    return text.replace("\n", "\u21b5").replace("\t", "\u21e5")
+
+
+def edit_note(was: Sequence[str], text: str) -> str:
+    """The hover of an edited token: 'edited: "old" -> "new"' (every replaced text in
+    order). Plain text: the canvas sets it as the cell's title, never as HTML."""
+    return "edited: " + " -> ".join(f'"{visible(t)}"' for t in (*was, text))
 
 
 # ---------------------------------------------------------------------- the canvas
@@ -56,13 +67,15 @@ CELL_FIELDS = ("k", "b", "o", "h", "t")
 
 
 def cell(kind: str, text: str, conf: float | None, pos: int, block_length: int,
-         active_block: int | None, block: int | None = None, start: bool | None = None
-         ) -> str:
+         active_block: int | None, block: int | None = None, start: bool | None = None,
+         was: Sequence[str] = ()) -> str:
     """One canvas cell as a tab-separated string (kind classes, block classes, opacity, hover,
     label). Strings, not dicts: the browser keeps each update's value in reactive state, and
-    plain strings cost a fraction of objects there. The label is escaped and has no tabs.
-    ``block``/``start`` (the cell's block and whether it opens it) default to blocks of
-    ``block_length``; a block-causal run passes its model's blocks."""
+    plain strings cost a fraction of objects there. The label is escaped and has no tabs; the
+    hover is plain text without tabs (set as the title). ``block``/``start`` (the cell's
+    block and whether it opens it) default to blocks of ``block_length``; a block-causal run
+    passes its model's blocks. ``was``: the texts token editing replaced (class ``edit``); a
+    DRAFT cell shows a token the sampler has not accepted yet."""
     if block is None:
         block = pos // max(block_length, 1)
     if start is None:
@@ -71,13 +84,18 @@ def cell(kind: str, text: str, conf: float | None, pos: int, block_length: int,
     if active_block is not None and block == active_block:
         b += " act"
     label = {MASK: MASK_GLYPH, SKIPPED: SKIP_GLYPH}.get(kind) or token_label(text)
-    k = kind + (" end" if kind in (NEW, OLD, PINNED) and text == "" else "")
+    k = kind + (" end" if kind in (NEW, OLD, PINNED, DRAFT) and text == "" else "")
     if text == FRAGMENT:    # part of a character: the next cell shows it whole
         label, k = "", kind + " frag"
     level = confidence_level(conf) if kind in (NEW, OLD) else 1.0
     hover = f"position {pos}, block {block}"
     if conf is not None and kind in (NEW, OLD):
         hover += f", confidence {conf:.3f}"
+    if was and kind in (NEW, OLD):
+        k += " edit"
+        hover += ", " + edit_note(was, text)
+    if kind == DRAFT:
+        hover += f", draft (not accepted yet): \"{visible(text)}\""
     return "\t".join((k, b, f"{0.3 + 0.7 * level:.2f}", hover, label))
 
 
@@ -92,8 +110,8 @@ def canvas_cells(traj: Trajectory, step: int | None = None, live: bool = False
     record = traj.record_at(traj.num_steps if step is None else step)
     active = record.block if (live and record and not traj.finished) else None
     return [cell(kind, text, conf, pos, traj.block_length, active, traj.block_of(pos),
-                 traj.starts_block(pos))
-            for pos, (kind, text, conf) in enumerate(traj.state_at(step))]
+                 traj.starts_block(pos), was)
+            for pos, (kind, text, conf, was) in enumerate(traj.cells_at(step))]
 
 
 def masked_cells(gen_length: int, block_length: int) -> list[str]:
@@ -102,8 +120,9 @@ def masked_cells(gen_length: int, block_length: int) -> list[str]:
 
 
 def canvas_text(traj: Trajectory, step: int | None = None) -> str:
-    """The canvas as plain text: pinned and committed tokens, masks as a shade glyph."""
-    return "".join(MASK_GLYPH if kind == MASK else text.replace(FRAGMENT, "")
+    """The canvas as plain text: pinned and committed tokens, masks (and drafts, not accepted
+    yet) as a shade glyph."""
+    return "".join(MASK_GLYPH if kind in (MASK, DRAFT) else text.replace(FRAGMENT, "")
                    for kind, text, _ in traj.state_at(step) if kind != SKIPPED)
 
 
@@ -129,7 +148,8 @@ def canvas_summary(cells: Iterable[str]) -> dict[str, int]:
     """Counts of each kind of cell."""
     counts = {MASK: 0, NEW: 0, OLD: 0, PINNED: 0, SKIPPED: 0}
     for c in cells:
-        counts[c.split(None, 1)[0]] += 1
+        kind = c.split(None, 1)[0]
+        counts[kind] = counts.get(kind, 0) + 1
     return counts
 
 
@@ -194,9 +214,11 @@ def run_summary(traj: Trajectory) -> str:
     r = traj.result
     if r is None:
         return ""
+    edits = sum(len(rec.edited) for rec in traj.steps)
+    edited = f" · {edits} token{'s' if edits != 1 else ''} edited" if edits else ""
     return (f"**{r['finish_reason']}** · {r['usage']['completion_tokens']} tokens in "
-            f"{r['steps']} steps · NFE {r['nfe']} · {r['tokens_per_forward']:.2f} tokens/forward"
-            f" · {r['tokens_per_s']:.1f} tokens/s · seed {r['seed']}")
+            f"{r['steps']} steps{edited} · NFE {r['nfe']} · {r['tokens_per_forward']:.2f} "
+            f"tokens/forward · {r['tokens_per_s']:.1f} tokens/s · seed {r['seed']}")
 
 
 def empty_answer_hint(as_chat: bool) -> str:
@@ -214,8 +236,11 @@ def replay_caption(traj: Trajectory, step: int) -> str:
     if step <= 0 or rec is None:
         return f"step 0 of {traj.num_steps}: every position masked"
     fresh = len(rec.committed) if rec.step == step else 0
+    edits = traj.edits_at(step)
+    edited = f" ({edits} of them edited)" if edits else ""
+    drafts = f" · {len(rec.draft)} draft tokens" if rec.step == step and rec.draft else ""
     return (f"step {step} of {traj.num_steps} · block {rec.block} · {fresh} committed this "
-            f"step · NFE {rec.nfe} · {rec.elapsed:.2f} s")
+            f"step{edited}{drafts} · NFE {rec.nfe} · {rec.elapsed:.2f} s")
 
 
 def model_markdown(info: dict[str, Any] | None, error: str | None = None) -> str:

@@ -17,8 +17,9 @@ TokenText = Callable[[Sequence[int]], list[str]]   # ids -> one display string p
 Decode = Callable[[Sequence[int]], str]              # ids -> their text, decoded together
 FRAGMENT = "\u2060"   # a token holding only part of a character: its text shows on the next
 
-# Kinds of canvas positions (the CSS classes of the canvas cells).
-MASK, NEW, OLD, PINNED, SKIPPED = "mask", "new", "old", "pin", "skip"
+# Kinds of canvas positions (the CSS classes of the canvas cells). DRAFT: a token the sampler
+# holds but has not accepted (DiffusionGemma's uniform-noise canvas; StepEvent.draft).
+MASK, NEW, OLD, PINNED, SKIPPED, DRAFT = "mask", "new", "old", "pin", "skip", "draft"
 
 
 @dataclass
@@ -32,6 +33,21 @@ class StepRecord:
     tokens: list[int]        # the ids committed, aligned with ``committed``
     text: str
     length: int = 0          # canvas positions after this step (a block-causal canvas grows)
+    edited: list[int] = field(default_factory=list)   # of ``committed``: replaced a token
+    texts: list[str] = field(default_factory=list)    # display strings, as ``committed``
+    draft: list[int] = field(default_factory=list)    # positions holding a draft token
+    draft_tokens: list[int] = field(default_factory=list)
+    draft_texts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What a position holds after some step: committed at ``step`` with ``conf``, shown as
+    ``text``; ``was``: the texts it held before, where token editing replaced them."""
+    step: int
+    conf: float
+    text: str
+    was: tuple[str, ...] = ()
 
 
 @dataclass
@@ -62,16 +78,21 @@ class Trajectory:
             self.block_starts.append(self.gen_length)
             self.gen_length = len(ev.canvas)
         tokens = [ev.canvas[p] for p in ev.committed]
-        for pos, s in zip(ev.committed, token_text(tokens)):
+        texts = token_text(tokens) if tokens else []
+        for pos, s in zip(ev.committed, texts):
             self.strings[pos] = s
-        self.steps.append(StepRecord(ev.step, ev.block, ev.nfe, ev.elapsed, list(ev.committed),
-                                     list(ev.confidences), tokens, ev.text, len(ev.canvas)))
+        draft = list(ev.draft)
+        draft_tokens = [ev.canvas[p] for p in draft]
+        self.steps.append(StepRecord(
+            ev.step, ev.block, ev.nfe, ev.elapsed, list(ev.committed), list(ev.confidences),
+            tokens, ev.text, len(ev.canvas), list(ev.edited), list(texts), draft,
+            draft_tokens, token_text(draft_tokens) if draft else []))
 
     def _first_event(self, ev: StepEvent, token_text: TokenText,
                      decode: Decode | None) -> None:
         self.mask_id, self.request_id = ev.mask_id, ev.request_id
         self.gen_length, self.block_length = len(ev.canvas), ev.block_length
-        fresh = set(ev.committed)
+        fresh = set(ev.committed) | set(ev.draft)
         self.pinned = {p: t for p, t in enumerate(ev.canvas) if t != ev.mask_id and p not in fresh}
         if decode is None:
             for (pos, _), s in zip(self.pinned.items(), token_text(list(self.pinned.values()))):
@@ -114,35 +135,59 @@ class Trajectory:
         return rec.length or self.gen_length
 
     def commit_steps(self) -> dict[int, tuple[int, float]]:
-        """position -> (step it was committed at, its confidence)."""
-        out: dict[int, tuple[int, float]] = {}
+        """position -> (step it was last committed at, its confidence)."""
+        return {pos: (c.step, c.conf) for pos, c in self.commits_upto().items()}
+
+    def commits_upto(self, last: int | None = None) -> dict[int, Commit]:
+        """position -> what it held after step ``last`` (None = the latest): an edited
+        position holds its latest token, and the texts it replaced."""
+        out: dict[int, Commit] = {}
         for rec in self.steps:
-            for pos, conf in zip(rec.committed, rec.confidences):
-                out[pos] = (rec.step, conf)
+            if last is not None and rec.step > last:
+                break
+            edited = set(rec.edited)
+            for i, (pos, conf) in enumerate(zip(rec.committed, rec.confidences)):
+                text = rec.texts[i] if i < len(rec.texts) else self.strings.get(pos, "")
+                before = out.get(pos)
+                was = (*before.was, before.text) if before and pos in edited else ()
+                out[pos] = Commit(rec.step, conf, text, was)
         return out
 
-    def state_at(self, step: int | None = None) -> list[tuple[str, str, float | None]]:
-        """(kind, text, confidence) per position as it stood after ``step`` (None = the latest;
-        once finished, nothing counts as NEW there).
+    def cells_at(self, step: int | None = None
+                 ) -> list[tuple[str, str, float | None, tuple[str, ...]]]:
+        """(kind, text, confidence, replaced texts) per position as it stood after ``step``
+        (None = the latest; once finished, nothing counts as NEW there).
 
-        Positions still masked when the run finished are SKIPPED: the run ended (EOS with
-        early stop, or Stop) before they were needed.
+        Positions still masked, or holding a draft, when the run finished are SKIPPED: the
+        run ended (EOS with early stop, or Stop) before they were needed or accepted.
         """
         last = self.num_steps if step is None else step
         fresh = last if not (step is None and self.finished) else -1
-        commits = self.commit_steps()
+        commits = self.commits_upto(last)
         ended = self.finished and last >= self.num_steps
+        rec = self.record_at(last)
+        drafts = {} if ended or rec is None else dict(zip(rec.draft, rec.draft_texts))
         cells = []
         for pos in range(self.length_at(step)):
-            text = self.strings.get(pos, "")
             if pos in self.pinned:
-                cells.append((PINNED, text, None))
-            elif pos in commits and commits[pos][0] <= last:
-                s, conf = commits[pos]
-                cells.append((NEW if s == fresh else OLD, text, conf))
+                cells.append((PINNED, self.strings.get(pos, ""), None, ()))
+            elif pos in commits:
+                c = commits[pos]
+                cells.append((NEW if c.step == fresh else OLD, c.text, c.conf, c.was))
+            elif pos in drafts:
+                cells.append((DRAFT, drafts[pos], None, ()))
             else:
-                cells.append((SKIPPED if ended else MASK, "", None))
+                cells.append((SKIPPED if ended else MASK, "", None, ()))
         return cells
+
+    def state_at(self, step: int | None = None) -> list[tuple[str, str, float | None]]:
+        """(kind, text, confidence) per position (``cells_at`` without the replaced texts)."""
+        return [cell[:3] for cell in self.cells_at(step)]
+
+    def edits_at(self, step: int) -> int:
+        """How many tokens ``step`` replaced (token editing)."""
+        rec = self.record_at(step)
+        return len(rec.edited) if rec is not None and rec.step == step else 0
 
     def text_at(self, step: int | None = None) -> str:
         """The committed-prefix text after ``step`` (the final text when finished)."""

@@ -55,6 +55,8 @@ GAUGES_TEMPLATE = (
 LEGEND = ('<div class="cv-legend"><span class="tk mask">&#9617;&#9617;</span> masked '
           '<span class="tk new">new</span> committed this step '
           '<span class="tk old">old</span> committed earlier '
+          '<span class="tk new edit">edit</span> edited (replaced a token) '
+          '<span class="tk draft">draft</span> draft, not accepted yet '
           '<span class="tk pin">pinned</span> pinned (infill) '
           '<span class="tk skip">&middot;</span> not needed &nbsp;&middot;&nbsp; opacity = '
           'confidence &nbsp;&middot;&nbsp; alternating tint / bar = block boundary</div>')
