@@ -32,12 +32,15 @@ class SlotKVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int,
                  dtype: torch.dtype, device: torch.device, slots: int = 4,
-                 length: int | None = None) -> None:
+                 length: int | None = None,
+                 layer_devices: list[torch.device] | None = None) -> None:
         if length is not None and length < 1:
             raise ValueError(f"length must be >= 1, got {length!r}")
         self.max_len = max_len
         self.shape = (num_kv_heads, min(max_len, length or max_len), head_dim)
         self.num_layers, self.dtype, self.device = num_layers, dtype, device
+        # a model spread over devices (device_map): each layer's keys/values on its device
+        self.devices = list(layer_devices) if layer_devices else [device] * num_layers
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.free: list[int] = []
@@ -51,7 +54,8 @@ class SlotKVCache:
         old = self.capacity if self.k else 0
         for buffers in (self.k, self.v):
             for layer in range(self.num_layers):
-                new = torch.zeros(slots, *self.shape, dtype=self.dtype, device=self.device)
+                new = torch.zeros(slots, *self.shape, dtype=self.dtype,
+                                  device=self.devices[layer])
                 if old:
                     new[:old] = buffers[layer]
                     buffers[layer] = new
@@ -75,7 +79,7 @@ class SlotKVCache:
         for buffers in (self.k, self.v):
             for layer, buf in enumerate(buffers):
                 new = torch.zeros(buf.shape[0], buf.shape[1], new_len, buf.shape[3],
-                                  dtype=self.dtype, device=self.device)
+                                  dtype=self.dtype, device=buf.device)
                 new[:, :, :old] = buf
                 buffers[layer] = new
         self.shape = (self.shape[0], new_len, self.shape[2])
@@ -126,9 +130,11 @@ class SlotView:
 
     def __init__(self, cache: SlotKVCache, slots: list[int], ends: list[int],
                  runs: list[tuple[int, int, int, int, int]],
-                 real: torch.Tensor | None = None) -> None:
-        dev = cache.device
-        self.cache, self.B, self.query_mask = cache, len(slots), real
+                 real: torch.Tensor | None = None, device: torch.device | None = None) -> None:
+        dev = device or cache.device
+        self.cache, self.B, self.query_mask, self.device = cache, len(slots), real, dev
+        self._args = slots, ends, runs
+        self._elsewhere: dict[torch.device, SlotView] = {}   # layers on other devices
         self.keys = max(ends, default=0)                          # Lk
         first = slots[0] if slots else 0
         self._rows = (slice(first, first + len(slots)) if slots == list(
@@ -148,13 +154,19 @@ class SlotView:
     def prepare_index(self) -> None:
         """Build the index tensors now (torch.compile traces the indexed write only)."""
         if self._index is None:
-            self._index = run_index(self._runs, self.cache.device)
+            self._index = run_index(self._runs, self.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the marked columns of k/v (B, Hkv, W, D) into their slots; return the slots'
         first Lk positions, (B, Hkv, Lk, D) (a view when the slots are consecutive)."""
         k_store, v_store = self.cache.k[layer], self.cache.v[layer]
+        if k_store.device != self.device:      # device_map: this view on the layer's device
+            other = self._elsewhere.get(k_store.device)
+            if other is None:
+                other = self._elsewhere[k_store.device] = SlotView(
+                    self.cache, *self._args, device=k_store.device)
+            return other.update(layer, k, v)
         if self._index is None and torch.compiler.is_compiling():
             self.prepare_index()
         if self._index is not None:

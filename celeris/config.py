@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
                  "float": "float32"}
 DEVICES = ("auto", "cpu", "cuda")
+DEVICE_MAPS = ("auto",)
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 class CelerisError(Exception):
@@ -54,6 +59,53 @@ def normalize_device(name: str) -> str:
     return key
 
 
+def normalize_max_memory(value: Any) -> dict[int | str, int] | None:
+    """max_memory for device_map="auto": a dict or "0=20GiB,cpu=60GiB" (a GPU index, cuda:N
+    or cpu, each with bytes or a size such as 500MB / 20GiB) -> {GPU index | "cpu": bytes}."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        pairs = [part.split("=", 1) for part in value.split(",") if part.strip()]
+        if not pairs or any(len(p) != 2 for p in pairs):
+            raise ValueError(f"max_memory must look like 0=20GiB,cpu=60GiB (device=size, "
+                             f"comma-separated), got {value!r}")
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"max_memory must be a dict {{GPU index or 'cpu': size}} or a string "
+                         f"like 0=20GiB,cpu=60GiB, got {value!r}")
+    out: dict[int | str, int] = {}
+    for key, size in value.items():
+        out[_memory_device(key)] = _memory_size(key, size)
+    return out
+
+
+def _memory_device(key: Any) -> int | str:
+    text = str(key).strip().lower()
+    if text.startswith("cuda:"):
+        text = text[5:]
+    if text.isdigit():
+        return int(text)
+    if text == "cpu":
+        return "cpu"
+    raise ValueError(f"max_memory keys must be a GPU index (0, 1, ... or cuda:N) or 'cpu', "
+                     f"got {key!r}")
+
+
+def _memory_size(key: Any, size: Any) -> int:
+    if isinstance(size, int) and not isinstance(size, bool):
+        number = size
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(size))
+        unit = match and _SIZE_UNITS.get(match[2].lower())
+        if not match or unit is None:
+            raise ValueError(f"max_memory[{key!r}] must be bytes or a size like 500MB or "
+                             f"20GiB, got {size!r}")
+        number = int(float(match[1]) * unit)
+    if number <= 0:
+        raise ValueError(f"max_memory[{key!r}] must be > 0, got {size!r}")
+    return number
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How the engine runs, as opposed to how one request is decoded (GenerationParams).
@@ -62,6 +114,10 @@ class EngineConfig:
     max_queue:   requests waiting for a slot; beyond it new requests are refused at once.
     compile:     run the model forward under torch.compile (CUDA graphs on CUDA; see
                  celeris/model/compiled.py); where compiling fails, eager with one warning.
+    device_map:  "auto": spread whole layers over the GPUs, then CPU memory, then disk
+                 (accelerate; celeris/model/dispatch.py) for a model that does not fit one
+                 device; max_memory caps each device ({0: "20GiB", "cpu": "60GiB"}),
+                 offload_folder holds what goes to disk. None: one device (``device``).
     """
 
     device: str = "auto"
@@ -71,6 +127,9 @@ class EngineConfig:
     max_prompt_tokens: int = 2048
     request_timeout_s: float = 600.0
     compile: bool = False
+    device_map: str | None = None
+    max_memory: Any = None
+    offload_folder: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", normalize_device(self.device))
@@ -83,3 +142,27 @@ class EngineConfig:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        self._check_device_map()
+
+    def _check_device_map(self) -> None:
+        if self.device_map is not None and str(self.device_map).lower() not in DEVICE_MAPS:
+            allowed = ", ".join(repr(m) for m in DEVICE_MAPS)
+            raise ValueError(f"device_map must be {allowed} or None, got {self.device_map!r}")
+        if self.device_map is None:
+            for name in ("max_memory", "offload_folder"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} only applies with device_map='auto' "
+                                     f"(--device-map auto)")
+            return
+        object.__setattr__(self, "device_map", str(self.device_map).lower())
+        if self.device != "auto":
+            raise ValueError(f"device_map='auto' places every layer itself (GPUs, then CPU "
+                             f"memory, then disk): leave device at 'auto' (got "
+                             f"device={self.device!r}); to keep it off a device, give "
+                             f"max_memory only for the others")
+        if self.compile:
+            raise ValueError("compile cannot be combined with device_map='auto' (the "
+                             "dispatched layers run through accelerate's hooks, eagerly)")
+        object.__setattr__(self, "max_memory", normalize_max_memory(self.max_memory))
+        if self.offload_folder is not None:
+            object.__setattr__(self, "offload_folder", str(self.offload_folder))

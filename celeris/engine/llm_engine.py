@@ -26,6 +26,7 @@ import torch
 from ..config import EngineBusyError, EngineClosedError, EngineConfig, EngineOutOfMemoryError
 from ..model import load_model
 from ..model.compiled import CompiledForward
+from ..model.dispatch import main_device
 from ..outputs import GenerationResult, StepEvent, StepTiming
 from ..params import GenerationParams
 from ..tokenizer import Messages, Tokenizer
@@ -47,7 +48,7 @@ class Engine:
                  generation_defaults: dict[str, Any] | None = None) -> None:
         self.model, self.tokenizer, self.model_dir = model, tokenizer, Path(model_dir)
         self.config = config or EngineConfig()
-        self.device = next(model.parameters()).device
+        self.device = main_device(model)     # device_map: the map's main device
         # small models on CPU pay per op, not per flop: decode with packed weights
         # (model/packed.py; the module path stays the reference and the training path)
         self.packed = bool(self.device.type == "cpu" and hasattr(model, "pack_for_inference")
@@ -74,10 +75,14 @@ class Engine:
                         dtype: str = "auto", **engine_options: Any) -> "Engine":
         """Load a local Hugging Face-format directory or a hub id (None = the shipped
         block-diffusion model, models/celeris-tiny-bd; the full-attention one, which can also
-        infill, is models/celeris-tiny)."""
+        infill, is models/celeris-tiny). ``engine_options`` are EngineConfig's fields, e.g.
+        ``device_map="auto", max_memory={0: "20GiB", "cpu": "60GiB"}, offload_folder=DIR``
+        for a model that does not fit one device (layers over GPUs, CPU memory and disk)."""
         config = EngineConfig(device=device, dtype=dtype, **engine_options)
         model, model_dir = load_model(path_or_id or _shipped_model(), device=config.device,
-                                      dtype=config.dtype)
+                                      dtype=config.dtype, device_map=config.device_map,
+                                      max_memory=config.max_memory,
+                                      offload_folder=config.offload_folder)
         tokenizer = Tokenizer.load(model_dir, model.config)
         return cls(model, tokenizer, model_dir, config, read_generation_defaults(model_dir))
 

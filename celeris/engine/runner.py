@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from ..cache import SlotKVCache
+from ..model.dispatch import layer_devices, main_device
 from ..sampler.choose import RowKnobs
 from .request import NonFiniteLogitsError, Request
 
@@ -32,7 +33,9 @@ def new_slot_cache(model: Any, slots: int = 4) -> SlotKVCache:
     param = next(model.parameters())
     length = min(cfg.max_position_embeddings, MAX_CACHE_LEN) + int(cfg.block_size or 0)
     return SlotKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, length,
-                       param.dtype, param.device, slots, length=min(length, INITIAL_CACHE_LEN))
+                       param.dtype, main_device(model), slots,
+                       length=min(length, INITIAL_CACHE_LEN),
+                       layer_devices=layer_devices(model))   # device_map: each layer's own
 
 
 class Runner:

@@ -28,6 +28,7 @@ from ..config import ModelLoadError
 from ..kernels import fused_kernels, rms_norm, rope_qk
 from .configuration import (CelerisConfig, DreamConfig, FastDLLMQwenConfig, LLaDA2MoeConfig,
                             LLaDAConfig, SDARConfig, SDARMoeConfig)
+from .dispatch import hooked as dispatch_hooked
 from .moe import Experts, Router, SparseMoE, SwiGLU
 from .packed import PACK_MAX_BYTES, PackedWeights, packable, packed_layers, signed_sin, unpack_rows
 from .packed import applies as packed_applies
@@ -262,7 +263,9 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
             packed = self._packed.current()
             if packed is None:            # the model left the CPU: module path from now on
                 self._packed = None
-        h = F.embedding(input_ids, self.model.embed_tokens.weight)                 # (B, W, C)
+        hooked = dispatch_hooked(self)     # layers spread by device_map: through the modules
+        h = self.model.embed_tokens(input_ids) if hooked else \
+            F.embedding(input_ids, self.model.embed_tokens.weight)                 # (B, W, C)
         cos, sin = rope_tables(position_ids, self.config.rotary_dim, self.config.rope_theta,
                                h.dtype)
         # left-padded rows (a batch of windows of different widths): every matmul runs on the
@@ -273,11 +276,12 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         if packed is not None:
             h = packed_layers(packed, h, cos, signed_sin(sin), key_mask, kv, real)
         else:
-            h = self._layers(h, cos, sin, key_mask, kv, real)
+            h = self._layers(h, cos, sin, key_mask, kv, real, hooked)
         if real is not None:
-            h = unpack_rows(h, real)                                               # (B, W, C)
+            h = unpack_rows(h, real.to(h.device))                                  # (B, W, C)
         shift = self.config.shift_logits              # logits at i come from state i-1
         if logits_index is not None:
+            logits_index = logits_index.to(h.device)     # the last layer's device (device_map)
             if shift:
                 logits_index = (logits_index - 1).clamp_(min=0)
             h = h.gather(1, logits_index[..., None].expand(-1, -1, h.shape[-1]))   # (B, N, C)
@@ -285,18 +289,19 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
             if shift:
                 h = torch.cat([h[:, :1], h[:, :-1]], dim=1)
             if logits_mask is not None:
-                h = h[logits_mask]                                                 # (N, C)
+                h = h[logits_mask.to(h.device)]                                    # (N, C)
         if packed is not None:
             return MaskedLMOutput(logits=packed.logits(h))
         return MaskedLMOutput(logits=self.lm_head(h))
 
     def _layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 key_mask: torch.Tensor | None, kv: KVView | None,
-                real: torch.Tensor | None) -> torch.Tensor:
+                real: torch.Tensor | None, hooked: bool = False) -> torch.Tensor:
         """Every block and the final norm over h. On CUDA at inference the RMSNorms with
         the residual adds and the RoPE of q and k run as three Triton launches a layer
-        (``kernels.fused_kernels``) instead of ten ops; otherwise the modules."""
-        if not fused_kernels(h):
+        (``kernels.fused_kernels``) instead of ten ops; otherwise, and when accelerate's
+        hooks (device_map) must see every block's call, the modules."""
+        if hooked or not fused_kernels(h):
             for block in self.model.layers:
                 h = block(h, cos, sin, key_mask, kv, real)
             return self.model.norm(h)
@@ -314,7 +319,7 @@ class CelerisForMaskedDiffusion(PreTrainedModel):
         True when packed. ``unpack_inference()`` goes back to the module path."""
         params = list(self.parameters())
         size = sum(p.numel() * p.element_size() for p in params)
-        on_cpu = all(p.device.type == "cpu" for p in params)
+        on_cpu = all(p.device.type == "cpu" for p in params) and not dispatch_hooked(self)
         fits = on_cpu and size <= max_bytes and packable(self.config)
         self._packed = PackedWeights(self) if fits else None
         return self._packed is not None

@@ -13,13 +13,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
 from ..config import ModelLoadError, normalize_device, normalize_dtype
 from .configuration import CONFIG_CLASSES, CelerisConfig, DiffusionGemmaConfig
 from .diffusion_gemma import load_diffusion_gemma
+from .dispatch import load_dispatched
 from .modeling import CelerisForMaskedDiffusion
 
 _LLADA_BLOCK = {
@@ -166,29 +167,53 @@ def iter_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str,
             raise ModelLoadError(f"cannot read weights from {f}: {exc}") from None
 
 
-def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str = "auto"
-               ) -> tuple[CelerisForMaskedDiffusion, Path]:
+def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str = "auto",
+               device_map: str | None = None, max_memory: dict | None = None,
+               offload_folder: str | None = None) -> tuple[CelerisForMaskedDiffusion, Path]:
+    """The native model of a checkpoint directory (or hub id), evaluation mode. With
+    ``device_map="auto"`` its layers are spread over the GPUs, CPU memory and disk
+    (``dispatch.py``; ``max_memory`` {GPU index | "cpu": bytes}, ``offload_folder`` for disk)."""
     model_dir = resolve_model_dir(path_or_id)
     config = load_config(model_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if isinstance(config, DiffusionGemmaConfig):     # encoder + canvas decoder: its own model
+        if device_map is not None:
+            raise ModelLoadError("device_map: DiffusionGemma checkpoints load on one device; "
+                                 "leave device_map unset (None)")
         return load_diffusion_gemma(config, iter_tensors(weight_files(model_dir), dev), dev,
                                     dt, model_dir), model_dir
     with torch.device("meta"):
         model = CelerisForMaskedDiffusion(config)
+    files = weight_files(model_dir)
+    if device_map is not None:      # read on the CPU, each tensor put on its planned device
+        cpu = torch.device("cpu")
+        load_dispatched(model, dt, lambda place: _fill(model, files, cpu, dt, model_dir, place),
+                        max_memory, offload_folder)
+    else:
+        _fill(model, files, dev, dt, model_dir, None)
+    return model.eval(), model_dir
+
+
+def _fill(model: CelerisForMaskedDiffusion, files: list[Path], dev: torch.device,
+          dt: torch.dtype, model_dir: Path,
+          place: Callable[[str, torch.Tensor], torch.Tensor] | None) -> None:
+    """Stream the checkpoint's tensors (renamed, experts stacked, shapes checked) into the
+    meta-device ``model``; ``place`` (a dispatched load) puts each on its device."""
+    config = model.config
     expected = dict(model.state_dict())
     state: dict[str, torch.Tensor] = {}
     experts = ExpertStacker(expected, config, dev, dt, model_dir)
-    for name, tensor in iter_tensors(weight_files(model_dir), dev):
+    for name, tensor in iter_tensors(files, dev):
         if experts.take(name, tensor):
             continue
         ours = canonical_name(name, config.model_type)
         if ours not in expected:
             continue   # e.g. rotary caches or heads we do not use
         _check_shape(name, tensor, expected[ours], model_dir)
-        state[ours] = tensor.to(dt)
-    state.update(experts.finish(state))
+        state[ours] = tensor.to(dt) if place is None else place(ours, tensor.to(dt))
+    stacks = experts.finish(state)
+    state.update(stacks if place is None else {k: place(k, v) for k, v in stacks.items()})
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
         state.pop("lm_head.weight", None)
@@ -199,7 +224,6 @@ def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str =
     model.load_state_dict(state, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.eval(), model_dir
 
 
 def _check_shape(name: str, tensor: torch.Tensor, want: torch.Tensor, model_dir: Path) -> None:
