@@ -76,6 +76,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "seconds (default 30); a second signal exits at once")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    p.add_argument("--device-map", default=None, choices=("auto",),
+                   help="--model only: spread its layers over the GPUs, then CPU memory, then "
+                        "disk (accelerate), for a model that does not fit one device")
+    p.add_argument("--max-memory", default=None, metavar="SPEC",
+                   help="--device-map auto: per-device caps, e.g. 0=20GiB,cpu=60GiB")
+    p.add_argument("--offload-folder", default=None, metavar="DIR",
+                   help="--device-map auto: where layers that fit nowhere else go (disk)")
     p.add_argument("--ar-model", default=None,
                    help="autoregressive twin for the Race tab (default models/celeris-tiny-ar)")
     p.add_argument("--canvas-model", default=None,
@@ -115,11 +122,12 @@ def offered_models(spec: str | None) -> tuple[list[str], str | None]:
 
 
 # ---------------------------------------------------------------------- engine
-def load_engine(model: str | None, device: str = "auto", dtype: str = "auto"
-                ) -> tuple[Any, str | None]:
-    """(engine, None) or (None, why): a missing model is reported, not raised."""
+def load_engine(model: str | None, device: str = "auto", dtype: str = "auto",
+                **options: Any) -> tuple[Any, str | None]:
+    """(engine, None) or (None, why): a missing model is reported, not raised.
+    ``options``: EngineConfig fields (device_map, max_memory, offload_folder)."""
     try:
-        engine = celeris.Engine.from_pretrained(model, device=device, dtype=dtype)
+        engine = celeris.Engine.from_pretrained(model, device=device, dtype=dtype, **options)
     except (celeris.CelerisError, ValueError, FileNotFoundError, OSError) as exc:
         return None, str(exc)
     return engine.start(), None   # the background scheduler: UI and /v1 share its batches
@@ -230,7 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if why:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    engine, error = load_engine(args.model, args.device, args.dtype)
+    engine, error = load_engine(args.model, args.device, args.dtype,
+                                **{k: v for k in ("device_map", "max_memory", "offload_folder")
+                                   if (v := getattr(args, k)) is not None})
     if engine is None and args.model is not None:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -62,6 +62,28 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
                         choices=("auto", "float32", "bfloat16", "float16"))
 
 
+_BIG_MODEL_OPTIONS = ("device_map", "max_memory", "offload_folder")
+
+
+def add_big_model_options(parser: argparse.ArgumentParser) -> None:
+    """--device-map auto and its budgets: a model that does not fit one device."""
+    group = parser.add_argument_group("big checkpoints (accelerate)")
+    group.add_argument("--device-map", default=None, choices=("auto",),
+                       help="auto: spread whole layers over the GPUs, then CPU memory, then "
+                            "disk (leave --device at auto); each step then pays for the "
+                            "hops and the weights copied in (docs/BENCHMARKS.md)")
+    group.add_argument("--max-memory", default=None, metavar="SPEC",
+                       help="--device-map auto: per-device caps, e.g. 0=20GiB,1=20GiB,cpu=60GiB "
+                            "(default: the free memory of each)")
+    group.add_argument("--offload-folder", default=None, metavar="DIR",
+                       help="--device-map auto: where layers that fit nowhere else go (disk)")
+
+
+def big_model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The --device-map options given, as EngineConfig fields."""
+    return {k: v for k in _BIG_MODEL_OPTIONS if (v := getattr(args, k, None)) is not None}
+
+
 def add_compile_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="run the model forward under torch.compile (CUDA graphs on CUDA); "
@@ -90,6 +112,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     try:
         options = {"compile": True} if args.compile else {}
+        options.update(big_model_options(args))
         engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype,
                                         **options)
         params = engine.default_params().replace(**generation_overrides(args))
@@ -275,6 +298,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="send the prompt as a user chat message")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_device_options(p)
+    add_big_model_options(p)
     add_compile_option(p)
     add_generation_options(p)
     p.set_defaults(func=cmd_generate)
@@ -427,6 +451,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     ray.add_argument("--cpus-per-replica", type=float, default=None, metavar="C",
                      help="CPUs each replica reserves (1)")
     add_device_options(p)
+    add_big_model_options(p)
     add_compile_option(p)
     p.set_defaults(func=cmd_serve)
 
@@ -462,6 +487,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; recorded in the report)")
     add_device_options(p)
+    add_big_model_options(p)
     p.set_defaults(func=cmd_bench)
 
 

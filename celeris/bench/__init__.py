@@ -63,7 +63,9 @@ def context_from_args(args: argparse.Namespace) -> BenchContext:
                        repeats=get("repeats", 5), concurrency=_levels(get("concurrency")),
                        url=get("url"), api_key=get("api_key"), tiny=bool(get("tiny", False)),
                        max_running=get("max_running"), serve_requests=get("requests"),
-                       progress=not get("no_progress", False))
+                       progress=not get("no_progress", False),
+                       load_options={k: v for k in ("device_map", "max_memory", "offload_folder")
+                                     if (v := get(k)) is not None})
     if ctx.serve_requests is not None and ctx.serve_requests < 1:
         raise ValueError(f"--requests must be a positive integer, got {ctx.serve_requests}")
     for name in ("n", "gen_length", "block_length", "batch", "repeats"):

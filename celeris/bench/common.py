@@ -47,6 +47,7 @@ class BenchContext:
     tiny: bool = False
     progress: bool = True
     max_running: int | None = None      # the engine's batch cap (None: EngineConfig's)
+    load_options: dict[str, Any] = field(default_factory=dict)   # device_map, max_memory...
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
     _engine: Any = None
     _ar: Any = None
@@ -57,6 +58,7 @@ class BenchContext:
         if self._engine is None:
             from celeris import Engine
             extra = {} if self.max_running is None else {"max_running": self.max_running}
+            extra.update(self.load_options)
             self._engine = Engine.from_pretrained(self.model, device=self.device,
                                                   dtype=self.dtype, **extra)
         return self._engine

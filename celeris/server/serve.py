@@ -45,6 +45,8 @@ def main(args: argparse.Namespace) -> int:
         options["request_timeout_s"] = args.request_timeout
     if getattr(args, "compile", False):
         options["compile"] = True
+    options.update({k: v for k in ("device_map", "max_memory", "offload_folder")
+                    if (v := getattr(args, k, None)) is not None})
     device, dtype = getattr(args, "device", "auto"), getattr(args, "dtype", "auto")
     EngineConfig(device=device, dtype=dtype, **options)   # bad options fail before the port
     drain_timeout = _drain_timeout(getattr(args, "drain_timeout", None))
