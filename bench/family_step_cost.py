@@ -4,9 +4,11 @@ Reproduces docs/BENCHMARKS.md, "Model families: step cost on CPU (tiny random ch
 
 Each family of tests/test_families.py (LLaDA2.x, SDAR-MoE, LLaDA-MoE, iLLaDA, Fast-dLLM v2)
 is written to a temporary directory laid out as its published checkpoint (upstream config
-keys, tensor names, special ids), loaded with ``Engine.from_pretrained(device="cpu")`` and run
-with the family's own default sampler at temperature 0, EOS suppressed so every request fills
-its ``--gen-length``. The engine's ``step_timing`` splits each step into the model forward and
+keys, tensor names, special ids), and DiffusionGemma's tiny checkpoint is written by
+transformers' own classes (tests/test_diffusion_gemma.py); each is loaded with
+``Engine.from_pretrained(device="cpu")`` and run with the family's own default sampler at
+temperature 0 (DiffusionGemma: its entropy-bound sampler's argmax limit, a canvas ending
+once its argmax repeats), EOS suppressed so every request fills its ``--gen-length``. The engine's ``step_timing`` splits each step into the model forward and
 host time (building inputs, choosing tokens, bookkeeping); medians over ``--repeats`` rounds,
 each round one batch of 1 and one of 8, families interleaved so a slow moment of a shared
 machine hits them alike. Random weights: the figures are cost, not accuracy.
@@ -32,16 +34,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from celeris import Engine  # noqa: E402
 from celeris.bench.common import machine_info  # noqa: E402
+from tests.test_diffusion_gemma import write_tiny_diffusion_gemma  # noqa: E402
 from tests.test_families import FAMILIES, write_family  # noqa: E402
+
+GEMMA = "diffusion_gemma"
 
 PROMPTS = ["Once upon a time", "def fib(n):", "the quick brown fox", "Tell me a story",
            "sort: 3 1 2", "café naïve", "A small model wrote", "jumps over the lazy dog"]
 
 
+def write(path: Path, family: str) -> Path:
+    return write_tiny_diffusion_gemma(path) if family == GEMMA else write_family(path, family)
+
+
 def attention_kind(engine: Engine) -> str:
-    moe = " MoE" if engine.model.config.moe_layer_ids else ""
+    cfg = engine.model.config
+    if getattr(cfg, "canvas_length", None):
+        moe = ", MoE" if getattr(cfg, "num_experts", 0) else ""
+        return f"causal encoder + canvas decoder{moe}, canvas {cfg.canvas_length}"
+    moe = " MoE" if cfg.moe_layer_ids else ""
     if engine.block_causal:
-        return f"block-causal{moe} (block {engine.block_size})"
+        return f"block-causal{moe}, block {engine.block_size}"
     return f"full{moe}"
 
 
@@ -73,21 +86,34 @@ def measure(engines: dict[str, Engine], batches: list[int], gen_length: int,
 
 
 def sampler_words(s: dict) -> str:
+    if "entropy_bound" in s:
+        return (f"entropy-bound {s['entropy_bound']:g}, at most {s['max_denoising_steps']} "
+                f"steps a canvas, encoder cache")
     rule = f"threshold {s['threshold']:g}" if s["decoding"] == "threshold" else s["decoding"]
-    return f"{rule}, sub-block {s['block_length']}, cache {s['cache']}"
+    cache = "no cache" if s["cache"] == "none" else f"{s['cache']} cache"
+    block = "block" if s["cache"] == "none" else "sub-block"    # a full-attention canvas
+    return f"{rule}, {block} {s['block_length']}, {cache}"
 
 
 def markdown(report: dict) -> str:
-    rows = ["| family | attention | parameters | forward path | sampler (family default) "
-            "| batch | steps | step ms | forward ms | host ms |",
-            "|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    """The table of docs/BENCHMARKS.md: per batch, step ms (forward + host); the steps of
+    each batch's run follow in a second table."""
+    batches = [f"batch{b}" for b in report["batches"]]
+    rows = ["| family | attention | parameters | forward path | sampler (family default) | "
+            + " | ".join(f"{b[:5]} {b[5:]} ms" for b in batches) + " |",
+            "|---|---|---:|---|---|" + "---:|" * len(batches)]
+    steps = ["| family | " + " | ".join(f"{b[:5]} {b[5:]} steps" for b in batches) + " |",
+             "|---|" + "---:|" * len(batches)]
     for family, info in report["families"].items():
-        for key, t in info["timing"].items():
-            rows.append(f"| {family} | {info['attention']} | {info['parameters']:,} | "
-                        f"{info['path']} | {sampler_words(info['sampler'])} | {key[5:]} | "
-                        f"{t['steps']:g} | {t['step_ms']:.2f} | {t['forward_ms']:.2f} | "
-                        f"{t['host_ms']:.2f} |")
-    return "\n".join(rows)
+        t = info["timing"]
+        name = f"{family} (`llada2_moe`)" if family == "llada2" else family
+        rows.append(f"| {name} | {info['attention']} | {info['parameters']:,} | "
+                    f"{info['path']} | {sampler_words(info['sampler'])} | " + " | ".join(
+                        f"{t[b]['step_ms']:.2f} ({t[b]['forward_ms']:.2f} + "
+                        f"{t[b]['host_ms']:.2f})" for b in batches) + " |")
+        steps.append(f"| {family} | " + " | ".join(f"{t[b]['steps']:g}" for b in batches)
+                     + " |")
+    return "\n".join(rows + [""] + steps)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -101,14 +127,15 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        engines = {f: Engine.from_pretrained(write_family(Path(tmp) / f, f), device="cpu",
-                                             dtype="float32") for f in FAMILIES}
+        engines = {f: Engine.from_pretrained(write(Path(tmp) / f, f), device="cpu",
+                                             dtype="float32") for f in (*FAMILIES, GEMMA)}
         timing = measure(engines, batches, args.gen_length, args.repeats)
     families = {f: {"attention": attention_kind(e),
                     "parameters": sum(p.numel() for p in e.model.parameters()),
                     "path": "packed" if e.packed else "modules",
-                    "sampler": {k: getattr(e.default_params(), k)
-                                for k in ("block_length", "decoding", "threshold", "cache")},
+                    "sampler": dict(e.layout.sampler) if f == GEMMA else {
+                        k: getattr(e.default_params(), k)
+                        for k in ("block_length", "decoding", "threshold", "cache")},
                     "timing": timing[f]} for f, e in engines.items()}
     for e in engines.values():
         e.stop()
