@@ -170,8 +170,8 @@ def test_gpu_script_runs_its_tiny_version_on_cpu(bench_run):
 
 def test_gpu_suite_measures_the_step_with_each_kernel_setting_side_by_side(bench_run):
     sec = bench_run.suites["gpu"]
-    (table,) = sec["tables"]
-    assert table["name"] == "step_variants"
+    assert [t["name"] for t in sec["tables"]] == ["step_variants", "moe_step"]
+    table = sec["tables"][0]
     plan = sec["settings"]["plan"]
     rows = table["rows"]
     assert [(r["kernels"], r["cache"]) for r in rows] == [
@@ -181,6 +181,94 @@ def test_gpu_suite_measures_the_step_with_each_kernel_setting_side_by_side(bench
         assert row["compiled_calls"] == (row["steps"] if row["kernels"] == "compiled" else None)
         assert row["step_ms"] > 0
     assert all(r["vs_torch"] == pytest.approx(1.0) for r in rows if r["kernels"] == "torch")
+
+
+def _llada2_parameters(d: dict) -> dict[str, int]:
+    """A llada2_moe config's parameters by kind, counted by hand from its upstream keys."""
+    C, H, Hkv, D = (d["hidden_size"], d["num_attention_heads"], d["num_key_value_heads"],
+                    d["head_dim"])
+    L, dense, E = d["num_hidden_layers"], d["first_k_dense_replace"], d["num_experts"]
+    expert = 3 * C * d["moe_intermediate_size"]          # gate, up, down of one SwiGLU expert
+    return {"embedding": d["vocab_size"] * C, "head": d["vocab_size"] * C,
+            "attention": L * (C * (H + 2 * Hkv) * D + H * D * C + 2 * D),   # qkv, o, q/k norm
+            "norms": L * 2 * C + C, "dense_mlp": dense * 3 * C * d["intermediate_size"],
+            "routers": (L - dense) * (E * C + E),                           # weight, bias
+            "shared_experts": (L - dense) * d["num_shared_experts"] * expert,
+            "experts": (L - dense) * E * expert}
+
+
+def test_the_moe_step_model_has_llada2_mini_published_size():
+    """LLADA2_MINI read by the llada2_moe config reader and shaped on the meta device: the
+    model card's 16B total / 1.4B active, and the roofline's byte counts by hand."""
+    from celeris import LLaDA2MoeConfig
+    from celeris.bench.gpu import LLADA2_MINI, build_random_model, moe_costs, moe_step_bytes
+
+    model = build_random_model(LLADA2_MINI, torch.device("meta"), torch.bfloat16,
+                               LLaDA2MoeConfig)
+    cfg = model.config
+    assert cfg.block_causal and cfg.block_size == 32 and cfg.rotary_dim == 64
+    assert (cfg.router_groups, cfg.router_topk_groups, cfg.norm_topk_prob) == (8, 4, True)
+    assert cfg.shared_expert_intermediate_size == 512 and cfg.moe_layer_ids == set(range(1, 20))
+    costs = moe_costs(model)
+    by_hand = _llada2_parameters(LLADA2_MINI)
+    assert costs["parameters_by_kind"] == by_hand
+    assert costs["bytes_by_kind"] == {k: 2 * n for k, n in by_hand.items()}     # bf16
+    assert costs["parameters"] == 16_255_643_392                    # "16B total"
+    assert costs["active_parameters"] == 1_432_973_056              # "1.4B active": 8 of 256
+    assert costs["expert_bytes"] == 3 * 2048 * 512 * 2 and costs["moe_layers"] == 19
+    fixed = 2 * sum(n for k, n in by_hand.items() if k not in ("experts", "embedding"))
+    assert costs["step_fixed_bytes"] == fixed == 1_265_819_136
+    # every expert routed in every MoE layer, 32 tokens: all weights but 32 embedding rows
+    assert moe_step_bytes(costs, 256, 32) == 2 * (sum(by_hand.values()) - by_hand["embedding"]
+                                                  + 32 * 2048)
+
+
+def test_gpu_suite_measures_a_moe_block_step_against_the_roofline(bench_run):
+    sec = bench_run.suites["gpu"]
+    moe = sec["settings"]["moe"]
+    plan = sec["settings"]["plan"]
+    assert moe["status"] == "ok" and moe["cache"] == "block/exact"
+    table = sec["tables"][1]
+    assert table["name"] == "moe_step"
+    rows = table["rows"]
+    assert [r["batch"] for r in rows] == plan["moe_batches"] == moe["batches"]
+    d = moe["dims"]
+    by_hand = _llada2_parameters(d)
+    assert moe["parameters_by_kind"] == by_hand
+    assert moe["bytes_by_kind"] == {k: 4 * n for k, n in by_hand.items()}       # float32
+    E, k, C = d["num_experts"], d["num_experts_per_tok"], d["hidden_size"]
+    moe_layers = d["num_hidden_layers"] - d["first_k_dense_replace"]
+    expert_bytes = 4 * 3 * C * d["moe_intermediate_size"]
+    assert (moe["num_experts"], moe["moe_layers"], moe["expert_bytes"]) == \
+        (E, moe_layers, expert_bytes)
+    fixed = 4 * sum(n for kind, n in by_hand.items() if kind not in ("experts", "embedding"))
+    P, B, gen, tpf = (plan["prompt_len"], plan["block_length"], plan["moe_gen_length"],
+                      plan["moe_tokens_per_forward"])
+    steps_per_block = B // tpf
+    for row in rows:
+        b = row["batch"]
+        assert row["cache"] == "block/exact" and row["tokens_per_forward"] == tpf
+        assert row["steps"] == row["forwards"] == gen // tpf
+        assert row["tokens"] == b * gen
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"])
+        assert row["step_ms"] == pytest.approx(1e3 * row["wall_s"] / row["steps"])
+        # one block a step against the exact cache: the prompt with the first block, a
+        # finished block with the next one, the block alone otherwise
+        per_row = (P + B + B * (steps_per_block - 1)
+                   + (gen // B - 1) * (2 * B + B * (steps_per_block - 1)))
+        assert row["forward_tokens"] == b * per_row
+        # distinct experts per MoE layer and forward: at least k, at most all of them
+        assert k <= row["routed_experts"] <= E
+        step_bytes = (fixed + row["routed_experts"] * moe_layers * expert_bytes
+                      + row["forward_tokens"] / row["forwards"] * C * 4)
+        assert row["weight_bytes_per_step"] == pytest.approx(step_bytes)
+        assert row["weight_gb_per_s"] == pytest.approx(
+            step_bytes * row["forwards"] / row["wall_s"] / 1e9)
+        assert row["roofline_ms"] is None and row["hbm_fraction"] is None   # no GPU peak
+        assert row["achieved_tflops"] > 0 and row["peak_mem_gib"] > 0
+    # more tokens in a step route to more (or as many) distinct experts
+    assert rows[-1]["routed_experts"] >= rows[0]["routed_experts"]
+    assert any(n.startswith("moe_step (") for n in sec["notes"])
 
 
 def test_gpu_step_profile_runs_its_tiny_version_on_cpu(tmp_path, one_thread):  # noqa: F811
