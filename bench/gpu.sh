@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Reproduces docs/BENCHMARKS.md, "GPU: LLaDA-8B-shaped decoding" (docs/results/gpu.json): the
-# CUDA kernel tests, then a LLaDA-8B-shaped model with random bf16 weights built on the GPU
-# (nothing downloaded). First the step with each kernel setting side by side (the
-# "step_variants" table: torch = CELERIS_KERNELS=torch, fused = the Triton RMSNorm/RoPE/KV-write
-# kernels, compiled = torch.compile with CUDA graphs; batch 1 and 8, one token per forward,
-# prefix and exact caches; compile time is spent inside the budget); then per-step latency,
-# tokens/s, peak memory and fractions of HBM bandwidth and bf16 FLOP/s at 1/4/8 tokens per
-# forward, batch 1/8/32, prompt 512, block 32, full attention (none/prefix/dual caches) and
-# the same weights block-causal (block/none vs block/exact), with the CUDA default kernels.
-# Sized for <= 6 minutes on one H200 (runs predicted past 4 minutes of measuring are skipped
-# and listed). If compiling fails, the compiled rows run eagerly and the log says why; rerun
-# with CELERIS_COMPILE_BACKEND=aot_eager to tell a tracing problem from an inductor one.
+# CUDA kernel tests, then models with random bf16 weights built on the GPU (nothing downloaded).
+# First, within 60 s of the budget, the "moe_step" table: a LLaDA2.0-mini-shaped MoE
+# (llada2_moe: hidden 2048, 20 layers, 256 experts, 8 routed + 1 shared; 16.26B parameters,
+# 1.43B active), block-causal with the exact cache, prompt 512, blocks of 32, TPF 4: step
+# latency, tokens/s and peak memory at batch 1/8/32, and the weights a step must read
+# (attention, head, dense and shared layers, the experts routed for its tokens) over the HBM
+# bandwidth (roofline ms, HBM frac). Then a LLaDA-8B-shaped model: the step with each kernel
+# setting side by side (the "step_variants" table: torch = CELERIS_KERNELS=torch, fused = the
+# Triton RMSNorm/RoPE/KV-write kernels, compiled = torch.compile with CUDA graphs; batch 1 and
+# 8, one token per forward, prefix and exact caches; compile time is spent inside the budget);
+# then per-step latency, tokens/s, peak memory and fractions of HBM bandwidth and bf16 FLOP/s
+# at 1/4/8 tokens per forward, batch 1/8/32, prompt 512, block 32, full attention
+# (none/prefix/dual caches) and the same weights block-causal (block/none vs block/exact),
+# with the CUDA default kernels. Sized for <= 6 minutes on one H200 (runs predicted past 4
+# minutes of measuring, the MoE table's included, are skipped and listed). If compiling fails,
+# the compiled rows run eagerly and the log says why; rerun with
+# CELERIS_COMPILE_BACKEND=aot_eager to tell a tracing problem from an inductor one. If the MoE
+# table fails, the log's notes say why and the dense tables still run.
 #
 #   bench/gpu.sh [OUTDIR]        # default: runs/gpu; writes gpu.json, gpu.log (+ gpu.html)
 #   cp runs/gpu/gpu.json docs/results/gpu.json     # when the figure is replaced
