@@ -105,7 +105,11 @@ class Experts(nn.Module):
         N, k = idx.shape
         order = idx.flatten().argsort(stable=True)                                 # (N k,)
         token = order // k                           # the token of each sorted assignment
-        counts = torch.bincount(idx.flatten(), minlength=self.gate_up_proj.shape[0])
+        # rows per expert; not torch.bincount, which on CUDA reads the ids' range back to
+        # the host (a sync per MoE layer)
+        flat = idx.flatten()
+        counts = torch.zeros(self.gate_up_proj.shape[0], dtype=torch.long,
+                             device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
         xs = x[token]                                                              # (N k, C)
         grouped = self.grouped if self.grouped is not None else x.is_cuda
         if grouped and hasattr(torch, "_grouped_mm"):
