@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from celeris import Engine, EngineConfig, GenerationResult
+from celeris import (CelerisConfig, CelerisForMaskedDiffusion, Engine, EngineConfig,
+                     GenerationResult)
 
 
 class Special(NamedTuple):
@@ -75,3 +76,22 @@ def run_requests(engine: Engine, requests: Sequence[tuple]) -> dict[str, list[Ou
         submit(engine, outs, rid, prompt, params, seed)
     finish(engine)
     return outs
+
+
+EDIT_MASK, EDIT_PAD, EDIT_STOP, EDIT_BLOCK = 3, 0, 2, 8
+
+
+def editing_model():
+    """A tiny random block-causal model (blocks of 8) whose confidences spread widely enough
+    for LLaDA2.1's token editing to edit at moderate thresholds (tests/test_token_editing.py);
+    its special ids are the EDIT_* constants."""
+    import torch
+
+    torch.manual_seed(5)
+    cfg = CelerisConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, attention="block_causal",
+                        block_size=EDIT_BLOCK, initializer_range=0.6, mask_token_id=EDIT_MASK)
+    model = CelerisForMaskedDiffusion(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight[EDIT_STOP] *= 0.2       # a stop token now and then, not at once
+    return model

@@ -14,25 +14,19 @@ import json
 import pytest
 import torch
 
-from celeris import CelerisConfig, CelerisForMaskedDiffusion, Engine, GenerationParams
+from celeris import Engine, GenerationParams
 from celeris.engine.families import read_generation_defaults
 from celeris.outputs import StepEvent
 from celeris.request_params import request_params
-from tests.engine_harness import bare_engine
+from tests.engine_harness import (EDIT_BLOCK, EDIT_MASK, EDIT_PAD, EDIT_STOP, bare_engine,
+                                  editing_model)
 
-MASK, PAD, STOP, BS = 3, 0, 2, 8
+MASK, PAD, STOP, BS = EDIT_MASK, EDIT_PAD, EDIT_STOP, EDIT_BLOCK
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(5)
-    cfg = CelerisConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, attention="block_causal",
-                        block_size=BS, initializer_range=0.6, mask_token_id=MASK)
-    m = CelerisForMaskedDiffusion(cfg).eval()
-    with torch.no_grad():
-        m.lm_head.weight[STOP] *= 0.2         # a stop token now and then, not at once
-    return m
+    return editing_model()
 
 
 def upstream_generate(model, prompt: list[int], gen_length: int, threshold: float,

@@ -16,15 +16,16 @@ import json
 import pytest
 import torch
 
-from celeris import CelerisConfig, CelerisForMaskedDiffusion, Engine, GenerationParams
+from celeris import Engine, GenerationParams
 from celeris.outputs import GenerationResult, StepEvent
 from celeris.server.shaping import Shapes
 from celeris.server.streaming import sse_events
-from tests.engine_harness import bare_engine
+from tests.engine_harness import (EDIT_BLOCK, EDIT_MASK, EDIT_PAD, EDIT_STOP, bare_engine,
+                                  editing_model)
 from ui import render
 from ui.trajectory import Trajectory
 
-MASK, PAD, STOP, BS = 3, 0, 2, 8
+MASK, PAD, STOP, BS = EDIT_MASK, EDIT_PAD, EDIT_STOP, EDIT_BLOCK
 
 
 def token_text(ids):
@@ -68,14 +69,7 @@ def denoise_events(events, result) -> list[dict]:
 # ------------------------------------------------------------------ token editing
 @pytest.fixture(scope="module")
 def editing_engine():
-    torch.manual_seed(5)
-    cfg = CelerisConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, attention="block_causal",
-                        block_size=BS, initializer_range=0.6, mask_token_id=MASK)
-    model = CelerisForMaskedDiffusion(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight[STOP] *= 0.2
-    return bare_engine(model, MASK, PAD, (STOP,))
+    return bare_engine(editing_model(), MASK, PAD, (STOP,))
 
 
 def editing_run(engine):
