@@ -360,6 +360,11 @@ def test_stream_commits_canvas_by_canvas_and_ends_with_the_result(engine_and_ref
     ({"top_p": 0.9}, "top_p must be 1.0 for DiffusionGemma"),
     ({"cfg_scale": 1.0, "cache": "none"}, "cfg_scale must be 0 for DiffusionGemma"),
     ({"cache": "dual"}, "cache must be 'prefix' or 'none'"),
+    ({"decoding": "threshold"}, "decoding must be 'fixed' for DiffusionGemma"),
+    ({"remasking": "margin"}, "remasking must be 'low_confidence' for DiffusionGemma"),
+    ({"threshold": 0.5}, "threshold must be left unset \\(0.9\\) for DiffusionGemma"),
+    ({"factor": 2.0}, "factor must be left unset \\(1.0\\) for DiffusionGemma"),
+    ({"edit_threshold": 0.5}, "edit_threshold must be unset for DiffusionGemma"),
 ])
 def test_unsupported_request_options_are_refused_by_name(engine_and_ref, change, words):
     engine, _ = engine_and_ref

@@ -35,7 +35,8 @@ step the samples and the renoising draw, also at temperature 0), so a request se
 ``torch.manual_seed(seed)`` before the reference's ``generate()`` gives the same tokens
 (tests/test_diffusion_gemma.py). Sampler settings come from the checkpoint's
 generation_config.json (``diffusion_gemma.read_sampler``). GenerationParams' decoding,
-remasking, threshold and factor do not apply to this sampler and are ignored.
+remasking, threshold, factor and token editing do not apply to this sampler: a request that
+sets them is refused naming the field (``check``).
 """
 
 from __future__ import annotations
@@ -138,11 +139,17 @@ class GemmaLayout:
                                   ("top_p", params.top_p == 1.0, "1.0"),
                                   ("defer_eos", not params.defer_eos, "false"),
                                   ("first_token", params.first_token == "policy", "'policy'"),
-                                  ("cache", params.cache in self.caches, "'prefix' or 'none'")):
+                                  ("cache", params.cache in self.caches, "'prefix' or 'none'"),
+                                  ("decoding", params.decoding == "fixed", "'fixed'"),
+                                  ("remasking", params.remasking == "low_confidence",
+                                   "'low_confidence'"),
+                                  ("threshold", params.threshold == 0.9, "left unset (0.9)"),
+                                  ("factor", params.factor == 1.0, "left unset (1.0)"),
+                                  ("edit_threshold", not params.edits, "unset")):
             if not ok:
                 raise ValueError(f"{name} must be {allowed} for DiffusionGemma (its "
-                                 f"entropy-bound sampler has no such option), got "
-                                 f"{getattr(params, name)!r}")
+                                 f"entropy-bound sampler decides what a step accepts and has "
+                                 f"no such option), got {getattr(params, name)!r}")
 
     def new_cache(self, model: Any, slots: int) -> SlotKVCache:
         """Slot numbers only: the keys/values live in each request's ``GemmaCache``."""
