@@ -251,6 +251,7 @@ def test_serve_flags_are_checked_before_ray_starts(capsys):
             (["--ray", "--autoscale", "3:1"], "needs 0 <= MIN <= MAX and MAX >= 1, got '3:1'"),
             (["--ray", "--autoscale", "two"], "--autoscale must be MIN:MAX"),
             (["--ray", "--replicas", "0"], "--replicas must be >= 1, got 0"),
-            (["--ray", "--replicas", "2", "--autoscale", "1:3"], "either --replicas or")):
+            (["--ray", "--replicas", "2", "--autoscale", "1:3"], "either --replicas or"),
+            (["--ray", "--device-map", "auto"], "--device-map do not apply with --ray")):
         assert cli.main(["serve", *argv]) == 2
         assert message in capsys.readouterr().err

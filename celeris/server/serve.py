@@ -31,6 +31,11 @@ MAX_HEAD_BYTES = 20 * 1024   # a request head arriving in pieces (h11; whole one
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "ray", False):
+        big = [f"--{k.replace('_', '-')}" for k in ("device_map", "max_memory", "offload_folder")
+               if getattr(args, k, None) is not None]
+        if big:     # each replica loads its model on its own device (--gpus-per-replica)
+            raise ValueError(f"{', '.join(big)} do not apply with --ray: every replica loads "
+                             "the model on its own device; give --gpus-per-replica instead")
         from .ray_serve import main as ray_main
         return ray_main(args)
     ray_only = [f"--{dest.replace('_', '-')}" for dest in
