@@ -137,12 +137,19 @@ def test_the_replay_step_box_clamps_a_value_beyond_the_run(page):
     page.click("#pg-generate")
     expect(state(page)).to_have_text("done")
     caption = page.locator("#pg-caption")
+    slider = page.locator("#pg-scrub input[type=range]")
     expect(caption).to_contain_text(re.compile(r"step \d+ of \d+"))
-    # The caption and the slider are separate components that may update in
-    # either order: read the run's length from the caption, then wait for the
-    # slider to agree before typing past its end.
-    last = int(re.search(r"step \d+ of (\d+)", caption.inner_text()).group(1))
-    expect(page.locator("#pg-scrub input[type=range]")).to_have_attribute("max", str(last))
+    # The caption and the slider are separate components that update in either order
+    # (and the caption's text passes through the progress tracker's): wait until both
+    # name the same run length before typing past its end.
+    last = None
+    for _ in range(120):
+        m = re.search(r"step \d+ of (\d+)", caption.text_content() or "")
+        if m and slider.get_attribute("max") == m.group(1):
+            last = int(m.group(1))
+            break
+        page.wait_for_timeout(500)
+    assert last is not None, "the replay caption and slider never agreed on the run length"
     box = page.locator("#pg-scrub input[type=number]")
     box.fill("9999")
     box.press("Enter")
