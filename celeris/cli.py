@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .config import BIG_MODEL_FIELDS
+
 # (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
 _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--gen-length", "gen_length", int, "answer canvas length in tokens"),
@@ -62,7 +64,6 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
                         choices=("auto", "float32", "bfloat16", "float16"))
 
 
-_BIG_MODEL_OPTIONS = ("device_map", "max_memory", "offload_folder")
 
 
 def add_big_model_options(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +82,7 @@ def add_big_model_options(parser: argparse.ArgumentParser) -> None:
 
 def big_model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The --device-map options given, as EngineConfig fields."""
-    return {k: v for k in _BIG_MODEL_OPTIONS if (v := getattr(args, k, None)) is not None}
+    return {k: v for k in BIG_MODEL_FIELDS if (v := getattr(args, k, None)) is not None}
 
 
 def add_compile_option(parser: argparse.ArgumentParser) -> None:

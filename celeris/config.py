@@ -10,6 +10,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
                  "float": "float32"}
 DEVICES = ("auto", "cpu", "cuda")
+# EngineConfig fields of big-model loading (accelerate): one list for the CLI, server and bench
+BIG_MODEL_FIELDS = ("device_map", "max_memory", "offload_folder")
 DEVICE_MAPS = ("auto",)
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

@@ -13,6 +13,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+from ..config import BIG_MODEL_FIELDS
 from .common import BenchContext, SuiteSkipped, machine_info
 from .decode import run_ar, run_decode
 from .gpu import run_gpu
@@ -64,7 +65,7 @@ def context_from_args(args: argparse.Namespace) -> BenchContext:
                        url=get("url"), api_key=get("api_key"), tiny=bool(get("tiny", False)),
                        max_running=get("max_running"), serve_requests=get("requests"),
                        progress=not get("no_progress", False),
-                       load_options={k: v for k in ("device_map", "max_memory", "offload_folder")
+                       load_options={k: v for k in BIG_MODEL_FIELDS
                                      if (v := get(k)) is not None})
     if ctx.serve_requests is not None and ctx.serve_requests < 1:
         raise ValueError(f"--requests must be a positive integer, got {ctx.serve_requests}")

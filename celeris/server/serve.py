@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from .. import Engine, EngineConfig, ModelLoadError
+from ..config import BIG_MODEL_FIELDS
 from .app import create_app
 from .state import ServerState
 
@@ -31,7 +32,7 @@ MAX_HEAD_BYTES = 20 * 1024   # a request head arriving in pieces (h11; whole one
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "ray", False):
-        big = [f"--{k.replace('_', '-')}" for k in ("device_map", "max_memory", "offload_folder")
+        big = [f"--{k.replace('_', '-')}" for k in BIG_MODEL_FIELDS
                if getattr(args, k, None) is not None]
         if big:     # each replica loads its model on its own device (--gpus-per-replica)
             raise ValueError(f"{', '.join(big)} do not apply with --ray: every replica loads "
@@ -50,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
         options["request_timeout_s"] = args.request_timeout
     if getattr(args, "compile", False):
         options["compile"] = True
-    options.update({k: v for k in ("device_map", "max_memory", "offload_folder")
+    options.update({k: v for k in BIG_MODEL_FIELDS
                     if (v := getattr(args, k, None)) is not None})
     device, dtype = getattr(args, "device", "auto"), getattr(args, "dtype", "auto")
     EngineConfig(device=device, dtype=dtype, **options)   # bad options fail before the port
