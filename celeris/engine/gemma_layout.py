@@ -1,6 +1,6 @@
 """DiffusionGemma's layout: canvases written one after another, each denoised from noise.
 
-DiffusionGemma (``model/diffusion_gemma.py``) is block-causal in the engine's words: the
+DiffusionGemma (transformers' model, wrapped in ``model/diffusion_gemma.py``) is block-causal in the engine's words: the
 answer is written canvas after canvas (``canvas_length`` positions, the model's block), and a
 canvas sees the prompt and every finished canvas through an exact cache. What differs from
 ``BlockLayout`` is how a canvas is decoded, so this layout runs its own step for its rows
@@ -58,7 +58,7 @@ from .request import NonFiniteLogitsError, Request
 class _CanvasState:
     """What a request carries between steps besides its ``Request`` fields."""
 
-    cache: GemmaCache
+    cache: GemmaCache | None = None          # made by the model at the first step
     canvas: torch.Tensor | None = None       # (1, L) the noisy canvas fed to the decoder
     argmax: torch.Tensor | None = None       # (1, L) the latest argmax (the draft)
     sc: torch.Tensor | None = None           # (1, L, V) the previous step's scaled logits
@@ -78,10 +78,9 @@ class GemmaLayout:
         self.mask, self.block_size = mask, int(config.canvas_length)
         self.vocab = int(config.vocab_size)
         self.sampler = dict(getattr(config, "sampler", None) or SAMPLER_DEFAULTS)
-        self.layers = int(config.num_hidden_layers)
         self.states: weakref.WeakKeyDictionary[Request, _CanvasState] = \
             weakref.WeakKeyDictionary()
-        self._batch: tuple | None = None     # the decoder's padded cache for the last batch
+        self._batch: tuple | None = None     # the decoder's batch cache for the last batch
 
     # ------------------------------------------------------------ the layout questions
     def stops_at_eos(self, req: Request) -> bool:
@@ -98,10 +97,11 @@ class GemmaLayout:
         req.seq = list(req.prompt_ids) + [self.mask] * L
         req.end, req.todo = P + req.params.gen_length, req.params.gen_length
         req.lo, req.hi = P, min(P + L, req.end)
-        self.states[req] = _CanvasState(GemmaCache.empty(self.layers))
+        self.states[req] = _CanvasState()
 
     def after_forward(self, req: Request) -> None:
-        req.cached = self.states[req].cache.length
+        cache = self.states[req].cache
+        req.cached = 0 if cache is None else cache.length
 
     def advance(self, req: Request) -> None:
         """A committed canvas opens the next one (the answer is not over: the engine ended
@@ -170,6 +170,8 @@ class GemmaLayout:
         for r, st in zip(reqs, states):
             if r.generator is None:
                 r.generator = torch.Generator(device=dev).manual_seed(r.seed)
+            if st.cache is None:
+                st.cache = model.new_cache()
             if st.cache.length < r.block_start:            # the prompt, or a finished canvas
                 ids = torch.tensor([r.seq[st.cache.length:r.block_start]], device=dev)
                 t0 = time.perf_counter()
@@ -181,9 +183,9 @@ class GemmaLayout:
         canvas = torch.cat([st.canvas for st in states])                          # (B, L)
         pos = torch.tensor([r.block_start for r in reqs], device=dev)[:, None] + \
             torch.arange(L, device=dev)
-        keys, values, masks = self._batched_cache(states)
+        batch = self._stacked(model, states)
         t0 = time.perf_counter()
-        logits = model.denoise(canvas, pos, keys, values, masks, *self._sc(states))
+        logits = model.denoise(canvas, pos, batch, *self._sc(states))
         runner.forward_s = forward_s + time.perf_counter() - t0                 # (B, L, V)
         stop = list(runner.special.stop)
         rows = []
@@ -249,7 +251,7 @@ class GemmaLayout:
             st.history = torch.roll(st.history, shifts=-1, dims=0)
             st.history[-1] = argmax
         done = stable & (entropy.mean(-1)[0] < s["confidence_threshold"])
-        st.sc = scaled.to(st.cache.keys[0].dtype)
+        st.sc = scaled.to(st.cache.layer(0)[0].dtype)
         st.argmax = argmax
         st.left -= 1
         return torch.cat([done.double()[None], bad.double()[None], argmax[0].double(),
@@ -267,31 +269,13 @@ class GemmaLayout:
         rows = torch.tensor([st.sc is not None for st in states], device=ref.device)
         return logits, rows
 
-    def _batched_cache(self, states: list[_CanvasState]) -> tuple[list, list, list | None]:
-        """Per layer the rows' cached keys/values as one (B, Hkv, M, D) tensor, right-padded
-        to the longest row with a (B, M) mask of real entries (None when no row is padded);
-        rebuilt only when the batch or a row's cache changed."""
+    def _stacked(self, model: Any, states: list[_CanvasState]) -> tuple:
+        """The rows' caches as the decoder's batch cache (``DiffusionGemma.stack``), rebuilt
+        only when the batch or a row's cache changed."""
         key = tuple((id(st), st.cache.version) for st in states)
-        if self._batch is not None and self._batch[0] == key:
-            return self._batch[1]
-        if len(states) == 1:
-            c = states[0].cache
-            built = (c.keys, c.values, None)
-        else:
-            keys, values, masks = [], [], []
-            for i in range(self.layers):
-                ks = [st.cache.keys[i] for st in states]
-                vs = [st.cache.values[i] for st in states]
-                lens = [k.shape[2] for k in ks]
-                M = max(lens)
-                keys.append(torch.cat([F.pad(k, (0, 0, 0, M - k.shape[2])) for k in ks]))
-                values.append(torch.cat([F.pad(v, (0, 0, 0, M - v.shape[2])) for v in vs]))
-                real = torch.arange(M, device=ks[0].device)[None] < \
-                    torch.tensor(lens, device=ks[0].device)[:, None]
-                masks.append(None if min(lens) == M else real)
-            built = (keys, values, masks if any(m is not None for m in masks) else None)
-        self._batch = (key, built)
-        return built
+        if self._batch is None or self._batch[0] != key:
+            self._batch = (key, model.stack([st.cache for st in states]))
+        return self._batch[1]
 
 
 def _entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ Importing this package registers our configs and models with transformers' Auto 
 Fast-dLLM v2, SDAR, SDAR-MoE and LLaDA2.x directories without ``trust_remote_code``, with the
 upstream parameter names mapped onto ours (the same tables ``load_model`` uses), per-expert
 tensors merged into our stacked experts, and a missing weight refused by name. DiffusionGemma
-(``diffusion_gemma.py``) loads through ``load_model`` only: transformers has its own class.
+is transformers' own model (``diffusion_gemma.py`` wraps it for the engine).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelF
 from .configuration import (CONFIG_CLASSES, CelerisConfig, DiffusionGemmaConfig, DreamConfig,
                             FastDLLMQwenConfig, LLaDA2MoeConfig, LLaDAConfig, SDARConfig,
                             SDARMoeConfig)
-from .diffusion_gemma import DiffusionGemmaForBlockDiffusion, GemmaCache
+from .diffusion_gemma import DiffusionGemma, GemmaCache
 from .modeling import (CelerisForMaskedDiffusion, DreamModel, FastDLLMQwenModel, KVView,
                        LLaDA2MoeModelLM, LLaDAModelLM, SDARModel, SDARMoeForCausalLM)
 from .weights import RENAMES, canonical_name, load_model, resolve_device, resolve_dtype
@@ -67,6 +67,6 @@ _register()
 __all__ = ["CelerisConfig", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig", "SDARConfig",
            "SDARMoeConfig", "LLaDA2MoeConfig", "CelerisForMaskedDiffusion", "LLaDAModelLM",
            "DreamModel", "FastDLLMQwenModel", "SDARModel", "SDARMoeForCausalLM",
-           "LLaDA2MoeModelLM", "DiffusionGemmaConfig", "DiffusionGemmaForBlockDiffusion",
+           "LLaDA2MoeModelLM", "DiffusionGemmaConfig", "DiffusionGemma",
            "GemmaCache", "KVView", "load_model", "canonical_name",
            "resolve_device", "resolve_dtype", "CONFIG_CLASSES"]

@@ -432,79 +432,33 @@ class LLaDA2MoeConfig(CelerisConfig):
 
 
 
-# DiffusionGemma (transformers' ``diffusion_gemma``): what its reference code assumes when a
-# text_config key is absent (DiffusionGemmaTextConfig / DiffusionGemmaConfig defaults).
-GEMMA_ROPE_DEFAULTS = {
-    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
-    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
-                       "rope_theta": 1_000_000.0},
-}
-GEMMA_ROPE_TYPES = ("default", "proportional")
-GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
-
-
 class DiffusionGemmaConfig(PretrainedConfig):
     """A DiffusionGemma checkpoint's config.json (model_type "diffusion_gemma", class
-    DiffusionGemmaForBlockDiffusion), read for Celeris's own model
-    (``diffusion_gemma.py``). The text part (``text_config``) is flattened onto this object;
-    the vision tower is not used (text prompts only).
+    DiffusionGemmaForBlockDiffusion), read for the engine; the model itself is transformers'
+    (``diffusion_gemma.py``), built from the same file. The text part (``text_config``) is
+    flattened onto this object; the vision tower is loaded but not used (text prompts only).
 
-    The model is a causal encoder over the prompt and the finished canvases and a
-    bidirectional decoder that denoises one canvas of ``canvas_length`` positions; both share
-    every weight except their ``layer_scalar``. Per layer: ``layer_types[i]`` is
-    "sliding_attention" (window ``sliding_window``, q/k/v projections, ``head_dim``,
-    ``num_key_value_heads``) or "full_attention" (keys double as values, head width and kv
-    heads from ``per_layer_config`` or ``global_head_dim``/``num_global_key_value_heads``).
     The engine's attributes: ``block_causal`` (canvases are blocks, each sees every earlier
-    one), ``block_size`` (= canvas_length) and ``mask_token_id``: DiffusionGemma has no mask
-    token, so the engine's "not yet final" marker is the id ``vocab_size``, which no real
-    token can take.
+    one through the encoder's cache), ``block_size`` (= ``canvas_length``) and
+    ``mask_token_id``: DiffusionGemma has no mask token, so the engine's "not yet final"
+    marker is the id ``vocab_size``, which no real token can take.
     """
 
     model_type = "diffusion_gemma"
 
     def __init__(self, text_config: dict | None = None, vision_config: dict | None = None,
-                 canvas_length: int = 256, tie_word_embeddings: bool = True, **kwargs) -> None:
+                 canvas_length: int = 256, **kwargs) -> None:
         text = dict(text_config or {})
         if hasattr(text_config, "to_dict"):
             text = text_config.to_dict()
         self.vocab_size = text.get("vocab_size", 262_144)
         self.hidden_size = text.get("hidden_size", 2304)
-        self.intermediate_size = text.get("intermediate_size", 9216)
         self.num_hidden_layers = text.get("num_hidden_layers", 30)
-        self.num_attention_heads = text.get("num_attention_heads", 8)
-        self.num_key_value_heads = text.get("num_key_value_heads", 4)
-        self.head_dim = text.get("head_dim", 256)
-        self.hidden_activation = text.get("hidden_activation", "gelu_pytorch_tanh")
         self.max_position_embeddings = text.get("max_position_embeddings", 131_072)
-        self.rms_norm_eps = text.get("rms_norm_eps", 1e-6)
-        self.attention_bias = bool(text.get("attention_bias", False))
         self.sliding_window = text.get("sliding_window", 512)
-        self.final_logit_softcapping = text.get("final_logit_softcapping", 30.0)
         self.use_bidirectional_attention = text.get("use_bidirectional_attention")
         self.num_experts = text.get("num_experts")
         self.top_k_experts = text.get("top_k_experts")
-        self.moe_intermediate_size = text.get("moe_intermediate_size")
-        self.rope_by_layer_type = text.get("rope_parameters") or GEMMA_ROPE_DEFAULTS
-        layers = self.num_hidden_layers
-        types = text.get("layer_types")
-        if types is None:       # the reference's default: five sliding layers, then a full one
-            types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
-                     for i in range(layers if isinstance(layers, int) else 0)]
-        self.layer_types = list(types)
-        if self.layer_types:    # the reference forces the last layer to full attention
-            self.layer_types[-1] = "full_attention"
-        # per-layer head shapes: the reference's per_layer_config, or global_head_dim /
-        # num_global_key_value_heads for every full layer (not kept under that name:
-        # PretrainedConfig reads per_layer_config as its own heterogeneous-layer spec)
-        self.layer_overrides = {int(k): dict(v) for k, v in
-                                (text.get("per_layer_config") or {}).items()}
-        if not text.get("per_layer_config"):
-            over = {"head_dim": text.get("global_head_dim", 512)}
-            if text.get("num_global_key_value_heads") is not None:
-                over["num_key_value_heads"] = text["num_global_key_value_heads"]
-            self.layer_overrides = {i: dict(over) for i, t in enumerate(self.layer_types)
-                                    if t == "full_attention"}
         self.canvas_length = canvas_length
         eos = text.get("eos_token_id", kwargs.pop("eos_token_id", 1))
         eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
@@ -515,8 +469,7 @@ class DiffusionGemmaConfig(PretrainedConfig):
         for unused in ("boi_token_id", "eoi_token_id", "image_token_id", "initializer_range",
                        "dtype", "torch_dtype"):
             kwargs.pop(unused, None)
-        super().__init__(tie_word_embeddings=tie_word_embeddings,
-                         pad_token_id=text.get("pad_token_id", 0), eos_token_id=eos_ids[0],
+        super().__init__(pad_token_id=text.get("pad_token_id", 0), eos_token_id=eos_ids[0],
                          bos_token_id=text.get("bos_token_id", 2), **kwargs)
         # set after PretrainedConfig's checks, which expect a mask id inside the vocabulary
         self.mask_token_id = self.vocab_size if isinstance(self.vocab_size, int) else None
@@ -526,54 +479,18 @@ class DiffusionGemmaConfig(PretrainedConfig):
     def block_causal(self) -> bool:
         return True
 
-    def layer_shape(self, i: int) -> tuple[int, int, bool]:
-        """(head_dim, kv heads, sliding) of layer ``i``."""
-        over = self.layer_overrides.get(i, {})
-        return (over.get("head_dim", self.head_dim),
-                over.get("num_key_value_heads", self.num_key_value_heads),
-                self.layer_types[i] == "sliding_attention")
-
     def _check(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "canvas_length",
-                     "sliding_window", "num_experts", "top_k_experts", "moe_intermediate_size"):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "canvas_length",
+                     "sliding_window", "max_position_embeddings"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"config field {name} must be a positive integer, "
                                  f"got {value!r}")
-        if self.top_k_experts > self.num_experts:
-            raise ValueError(f"config field top_k_experts must be in [1, {self.num_experts}] "
-                             f"(num_experts), got {self.top_k_experts}")
-        if self.hidden_activation != "gelu_pytorch_tanh":
-            raise ValueError(f"config field hidden_activation must be gelu_pytorch_tanh, got "
-                             f"{self.hidden_activation!r}")
         if self.use_bidirectional_attention not in (None, "vision"):
             raise ValueError(f"config field use_bidirectional_attention must be null or "
-                             f"'vision' (a causal text encoder), got "
+                             f"'vision' (the engine encodes the prompt and each finished "
+                             f"canvas once, causally), got "
                              f"{self.use_bidirectional_attention!r}")
-        if not self.tie_word_embeddings:
-            raise ValueError("config field tie_word_embeddings must be true: Celeris runs "
-                             "DiffusionGemma with its encoder, decoder and head sharing weights")
-        if len(self.layer_types) != self.num_hidden_layers or \
-                any(t not in GEMMA_LAYER_TYPES for t in self.layer_types):
-            raise ValueError(f"config field layer_types must list {self.num_hidden_layers} of "
-                             f"{', '.join(GEMMA_LAYER_TYPES)}, got {self.layer_types!r}")
-        for kind in set(self.layer_types):
-            rope = self.rope_by_layer_type.get(kind) or {}
-            if rope.get("rope_type", "default") not in GEMMA_ROPE_TYPES:
-                raise ValueError(f"config field rope_parameters[{kind!r}].rope_type must be one "
-                                 f"of {', '.join(GEMMA_ROPE_TYPES)}, got "
-                                 f"{rope.get('rope_type')!r}")
-            if rope.get("rope_type", "default") == "default" and \
-                    rope.get("partial_rotary_factor", 1.0) != 1.0:
-                raise ValueError(f"config field rope_parameters[{kind!r}]: partial_rotary_factor "
-                                 f"needs rope_type 'proportional'")
-        for i in range(self.num_hidden_layers):
-            d, kv, _ = self.layer_shape(i)
-            if d % 2 or self.num_attention_heads % kv:
-                raise ValueError(f"layer {i}: head_dim ({d}) must be even and "
-                                 f"num_attention_heads ({self.num_attention_heads}) a multiple "
-                                 f"of its kv heads ({kv})")
 
 
 CONFIG_CLASSES = {cls.model_type: cls for cls in (CelerisConfig, LLaDAConfig, DreamConfig,

@@ -181,8 +181,8 @@ def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str =
         if device_map is not None:
             raise ModelLoadError("device_map: DiffusionGemma checkpoints load on one device; "
                                  "leave device_map unset (None)")
-        return load_diffusion_gemma(config, iter_tensors(weight_files(model_dir), dev), dev,
-                                    dt, model_dir), model_dir
+        weight_files(model_dir)                      # a clear error when there are none
+        return load_diffusion_gemma(config, model_dir, dev, dt), model_dir
     with torch.device("meta"):
         model = CelerisForMaskedDiffusion(config)
     files = weight_files(model_dir)
