@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-DECODINGS = ("fixed", "threshold", "factor", "ltr")
+DECODINGS = ("fixed", "threshold", "factor", "ltr", "dynamic")
 REMASKINGS = ("low_confidence", "margin", "entropy", "random")
 CACHES = ("none", "prefix", "dual")
 FIRST_TOKENS = ("policy", "greedy")
@@ -41,15 +41,19 @@ class GenerationParams:
     block_length: semi-autoregressive block size; blocks are denoised left to right. For a
                   block-causal model it is the sub-block (Fast-dLLM v2): a divisor of the
                   model's block size, committed left to right inside each model block.
-    steps:        denoising steps over the whole canvas for ``decoding="fixed"``, split evenly
-                  across blocks (LLaDA's linear schedule). None = gen_length (one token a step).
-                  For adaptive decodings it is the cap on steps per block times blocks.
+    steps:        denoising steps over the whole canvas for ``decoding="fixed"`` and
+                  ``"dynamic"``, split evenly across blocks (LLaDA's linear schedule). None =
+                  gen_length (one token a step). For the other decodings it is the cap on
+                  steps per block times blocks.
     temperature:  0 = greedy; > 0 adds Gumbel noise computed in float64 (LLaDA, sec. B.3).
     top_p/top_k:  nucleus / top-k filtering of the logits before sampling (1.0 / 0 = off).
     decoding:     "fixed" (reference), "threshold" (commit every position with confidence >=
                   threshold, at least one), "factor" (Fast-dLLM's factor rule), "ltr"
                   (left-to-right threshold: the leftmost masked position and the run of
-                  masked positions after it whose confidence >= threshold).
+                  masked positions after it whose confidence >= threshold), "dynamic"
+                  (SDAR's low_confidence_dynamic: every position above threshold, and at
+                  least the fixed schedule's count for the step, the most confident ones;
+                  at one token a step, steps None, it is "threshold").
     remasking:    which confidence orders the commits: low_confidence (top-1 probability),
                   margin (top1 - top2), entropy (negative entropy), random.
     cache:        block KV cache policy: none (exact), prefix, dual.

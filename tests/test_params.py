@@ -22,7 +22,7 @@ from celeris import EngineConfig, GenerationParams
     ({"temperature": -0.1}, r"temperature must be in \[0.0, 2.0\], got -0.1"),
     ({"top_p": 0.0}, r"top_p must be in \(0.0, 1.0\]"),
     ({"threshold": 1.5}, r"threshold must be in \(0.0, 1.0\]"),
-    ({"decoding": "greedy"}, r"decoding must be one of fixed, threshold, factor, ltr; got 'greedy'"),
+    ({"decoding": "greedy"}, r"decoding must be one of fixed, threshold, factor, ltr, dynamic; got 'greedy'"),
     ({"remasking": "confident"}, r"remasking must be one of low_confidence"),
     ({"cache": "full"}, r"cache must be one of none, prefix, dual"),
     ({"cfg_scale": 1.0, "cache": "prefix"}, r"cfg_scale > 0 needs cache 'none'"),

@@ -114,5 +114,22 @@ class LeftToRightThreshold:
         return run | first
 
 
+class ThresholdOrCount:
+    """decoding="dynamic": SDAR's ``low_confidence_dynamic`` remasking (JetAstra/SDAR's
+    generate(); lmdeploy and JetEngine decode SDAR the same way): when at least k[b] masked
+    positions are above the threshold, commit all of them, else the k[b] most confident
+    masked ones (all of them when fewer are left). Every position above the threshold ranks
+    before every one below it, so that is the union of the two sets: the threshold rule with
+    the schedule's count as its floor instead of one; the fixed schedule, allowed to run ahead
+    where the model is sure. "Above" is the batch's comparison (RowKnobs makes it strict for
+    block-causal layouts, as SDAR's ``confidence > threshold``)."""
+
+    def __call__(self, conf, masked, k, threshold, factor):
+        above = conf >= threshold[:, None]                                     # (B, W)
+        top_k = _ranks(conf) < k[:, None]                                      # (B, W)
+        return (above | top_k) & masked
+
+
 SELECTORS = {"fixed": FixedCount(), "threshold": ConfidenceThreshold(),
-             "factor": ConfidenceFactor(), "ltr": LeftToRightThreshold()}
+             "factor": ConfidenceFactor(), "ltr": LeftToRightThreshold(),
+             "dynamic": ThresholdOrCount()}
