@@ -29,8 +29,9 @@ _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
      "confidence that orders commits: low_confidence, margin, entropy, random (Dream's "
      "names maskgit_plus, topk_margin, origin are accepted too)"),
     ("--decoding", "decoding", str, "unmask schedule: fixed, threshold, factor, ltr (left to "
-     "right threshold)"),
-    ("--threshold", "threshold", float, "confidence threshold for --decoding threshold|ltr"),
+     "right threshold), dynamic (SDAR: above the threshold, at least the --steps schedule)"),
+    ("--threshold", "threshold", float,
+     "confidence threshold for --decoding threshold|ltr|dynamic"),
     ("--factor", "factor", float, "factor for --decoding factor"),
     ("--cache", "cache", str, "block KV cache: none, prefix, dual"),
     ("--cfg-scale", "cfg_scale", float, "classifier-free guidance scale (0 = off)"),

@@ -142,7 +142,8 @@ def preset_radio(elem_id: str) -> gr.Radio:
 DECODING_HELP = {"fixed": "the reference linear schedule (steps set how many per step)",
                  "threshold": "all positions at or above the threshold",
                  "factor": "as many as the factor rule allows (Fast-dLLM)",
-                 "ltr": "threshold, left to right within the block"}
+                 "ltr": "threshold, left to right within the block",
+                 "dynamic": "all above the threshold, at least the steps' count (SDAR)"}
 
 
 def decoding_info() -> str:
