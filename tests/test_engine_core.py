@@ -175,6 +175,12 @@ def test_a_family_gets_its_published_sampler_unless_its_generation_config_says_o
     given = family_defaults(layout, cfg.family, {"threshold": 0.5, "first_token": "policy"})
     assert (given.threshold, given.first_token, given.block_length) == (0.5, "policy", sub_block)
     assert family_defaults(layout, None, {}).decoding == celeris.GenerationParams().decoding
+    for config_cls in (celeris.SDARConfig, celeris.SDARMoeConfig):    # SDAR's generate.py
+        sdar = config_cls(block_size=4, vocab_size=64, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=1, num_attention_heads=4, mask_token_id=3)
+        p = family_defaults(BlockLayout(sdar, 3), sdar.family, {})
+        assert (p.decoding, p.threshold, p.block_length, p.temperature) == ("dynamic", 0.85,
+                                                                            4, 0.0)
 
 
 def test_a_full_attention_canvas_never_runs_past_the_context(canvas_model):

@@ -58,12 +58,16 @@ def read_generation_defaults(model_dir: Path) -> dict[str, Any]:
 
 # Each family's published sampler, used where the checkpoint's generation_config.json is
 # silent. Fast-dLLM v2's generate(): sub-blocks of 8, threshold 0.9, the first token of a block
-# greedy; LLaDA2's generate(): threshold 0.95. Both commit strictly above the threshold, as
-# every block-causal layout here does (``BlockLayout.strict_threshold``).
+# greedy; LLaDA2's generate(): threshold 0.95; SDAR's generate.py: low_confidence_dynamic at
+# 0.85 (its sampling temperature 1.0 is not taken: greedy stays the default). All commit
+# strictly above the threshold, as every block-causal layout here does
+# (``BlockLayout.strict_threshold``).
+SDAR_SAMPLER = {"decoding": "dynamic", "threshold": 0.85}
 FAMILY_SAMPLERS: dict[str, dict[str, Any]] = {
     "fast_dllm_v2": {"block_length": 8, "decoding": "threshold", "threshold": 0.9,
                      "first_token": "greedy"},
     "llada2": {"decoding": "threshold", "threshold": 0.95},
+    "sdar": SDAR_SAMPLER, "sdar_moe": SDAR_SAMPLER,
     # DiffusionGemma: its checkpoint's temperature schedule as published (gemma_layout.py)
     "diffusion_gemma": {"temperature": 1.0},
 }

@@ -315,6 +315,7 @@ class SDARConfig(CelerisConfig):
         if kwargs.get("block_size") is None:
             kwargs["block_size"] = kwargs.pop("block_length", None) or 4
         kwargs.setdefault("rms_norm_eps", 1e-6)
+        kwargs.setdefault("family", "sdar")
         super().__init__(qk_norm=qk_norm, **kwargs)
 
 
