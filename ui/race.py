@@ -36,6 +36,7 @@ from .context import (EngineSlot, Follow, error_message, follow, paced, session_
                       user_errors, with_error_frame)
 from .examples import examples
 from .playground import prompt_input
+from .settings import ADAPTIVE
 from .trajectory import Trajectory
 
 STATS_TEMPLATE = (
@@ -122,8 +123,8 @@ def race_params(base: GenerationParams, gen_length: Any, block_length: Any, thre
                 ) -> tuple[GenerationParams, GenerationParams | None]:
     """(main, canvas) settings. ``base`` is the loaded model's defaults.
 
-    Block-causal: main = its own defaults with its threshold rule (plain or left-to-right
-    "ltr"; threshold when its default is the fixed schedule), the tab's threshold and
+    Block-causal: main = its own defaults with its threshold rule (plain, left-to-right
+    "ltr" or SDAR's "dynamic"; threshold when its default is the fixed schedule), the tab's threshold and
     gen length (a cap), its block length and cache kept; canvas = the full-canvas model's
     own settings (``canvas_base``, its generation config; None when it is unavailable) with
     the same gen length and the tab's block length: at the fast configuration the shipped
@@ -134,7 +135,7 @@ def race_params(base: GenerationParams, gen_length: Any, block_length: Any, thre
     with user_errors():
         gen, block, thr = int(float(gen_length)), int(float(block_length)), float(threshold)
         if block_causal:
-            rule = base.decoding if base.decoding in ("threshold", "ltr") else "threshold"
+            rule = base.decoding if base.decoding in ADAPTIVE else "threshold"
             main = base.replace(decoding=rule, threshold=thr, gen_length=gen, steps=None)
             canvas = (None if canvas_base is None
                       else canvas_base.replace(gen_length=gen, block_length=block, steps=None))

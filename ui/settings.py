@@ -31,7 +31,7 @@ CACHE_CHOICES = CACHES
 # block size (see ``preset_settings``).
 _QUALITY = {"decoding": "fixed", "threshold": 0.9, "cache": "none", "steps": 0,
             "block_length": 32, "temperature": 0.0, "remasking": "low_confidence"}
-ADAPTIVE = ("threshold", "ltr")      # decodings that commit by a confidence threshold
+ADAPTIVE = ("threshold", "ltr", "dynamic")   # decodings that commit by a confidence threshold
 # balanced on a block-causal model: the shipped one commits the same tokens at thresholds
 # 0.85 and 0.95 (43 forwards for a 165-token story either way) and needs 0.999 to slow down
 # (68 forwards; one token a step: 166)
@@ -82,7 +82,7 @@ def preset_settings(name: str, gen_length: int, block_size: int | None = None,
     own = defaults is not None and defaults.decoding in ADAPTIVE
     if preset["decoding"] in ADAPTIVE:
         preset["cache"] = "prefix"
-        if own:                        # the model's own rule (threshold or left-to-right)
+        if own:                        # the model's own rule (threshold, ltr or SDAR's dynamic)
             preset["decoding"] = defaults.decoding
     if name == "fast" and own:
         preset["threshold"] = defaults.threshold
