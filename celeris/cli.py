@@ -38,6 +38,8 @@ _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--edit-threshold", "edit_threshold", float, "block-causal models: token editing "
      "(LLaDA2.1), replace a committed token of the current block when the model's choice "
      "there differs with probability above this (off unless the model's config sets it)"),
+    ("--confidence-dtype", "confidence_dtype", str, "float32 (default) or model: "
+     "confidences in the model's dtype, as the upstream samplers take them in bfloat16"),
     ("--seed", "seed", int, "noise seed (default: random, reported in --json)"),
 )
 _STOP_FIELD = "stop"

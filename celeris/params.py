@@ -15,6 +15,7 @@ DECODINGS = ("fixed", "threshold", "factor", "ltr", "dynamic")
 REMASKINGS = ("low_confidence", "margin", "entropy", "random")
 CACHES = ("none", "prefix", "dual")
 FIRST_TOKENS = ("policy", "greedy")
+CONFIDENCE_DTYPES = ("float32", "model")
 
 MAX_GEN_LENGTH = 4096
 MAX_STEPS = 4096
@@ -73,6 +74,12 @@ class GenerationParams:
                   by the model's choice there when that choice differs and its probability >
                   edit_threshold; once the unit has no masks left, up to max_post_edit_steps
                   more forwards edit it until one changes nothing. 1.0 turns it off too.
+    confidence_dtype: "float32" (confidences from the logits in float32) or "model" (as
+                  Fast-dLLM v2's generate() and the other upstream samplers take them from
+                  bfloat16/float16 logits: softmax in the model's dtype, so probabilities that
+                  round together tie, the token at T=0 is the argmax of those probabilities,
+                  and a threshold compares as ``bf16_tensor > 0.9`` does, rounded to that
+                  dtype: 0.8984375). The same as "float32" for a float32 model.
     """
 
     gen_length: int = 128
@@ -95,6 +102,7 @@ class GenerationParams:
     first_token: str = "policy"
     edit_threshold: float | None = None
     max_post_edit_steps: int = 16
+    confidence_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -217,3 +225,4 @@ def _validate(p: GenerationParams) -> None:
     if p.edit_threshold is not None:
         _check_float("edit_threshold", p.edit_threshold, 0.0, 1.0, lo_open=True)
     _check_int("max_post_edit_steps", p.max_post_edit_steps, 0, MAX_POST_EDIT_STEPS)
+    _check_choice("confidence_dtype", p.confidence_dtype, CONFIDENCE_DTYPES)

@@ -5,6 +5,12 @@ running batch changes, so requests with different temperatures, filters, thresho
 rules and remasking share one forward; ``choose`` turns each row's unit logits into a candidate
 token and a confidence per position (and flags rows whose logits are not finite), ``select``
 applies each row's unmask schedule. No host sync happens here: the runner syncs once per step.
+
+Confidences are float32 by default. Rows with ``confidence_dtype="model"`` take them as the
+upstream samplers do on bfloat16/float16 logits (Fast-dLLM v2's and Dream's ``softmax(logits)``
+on the model's logits, compared as ``probs > threshold`` with a Python float): probabilities
+rounded to the logits' dtype and thresholds rounded the way PyTorch casts a Python scalar to
+a tensor's dtype (via float32), so that such a row commits what upstream commits.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from ..kernels import block_stats
 from ..params import GenerationParams
 from .noise import filter_logits, padded_draws
 from .policies import CONFIDENCES, DEFERRED, SELECTORS
+
+ENTROPY_EPS = 1e-10       # Dream's sample_tokens: log(p + 1e-10), in the model's dtype
 
 
 class RowKnobs:
@@ -36,9 +44,10 @@ class RowKnobs:
             return torch.tensor([getattr(p, name) for p in params], dtype=dt, device=device)
         self.temperature, self.cfg = f("temperature", torch.float64), f("cfg_scale", torch.float32)
         self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
-        self.threshold, self.factor = f("threshold", torch.float32), f("factor", torch.float32)
-        if strict_threshold:      # conf >= nextafter(t) is conf > t
-            self.threshold = torch.nextafter(self.threshold, torch.full_like(self.threshold, 2))
+        self.factor = f("factor", torch.float32)
+        self.strict = strict_threshold
+        threshold = f("threshold", torch.float32)
+        self.threshold = self._comparable(threshold)
         self.suppress = f("suppress_eos", torch.bool)[:, None, None]
         self.defer = f("defer_eos", torch.bool)[:, None]
         self.any_cfg = any(p.cfg_scale > 0 for p in params)
@@ -49,6 +58,7 @@ class RowKnobs:
         self.any_edit = any(p.edits for p in params)
         self.edit_threshold = torch.tensor([p.edit_threshold if p.edits else 2.0
                                             for p in params], device=device)
+        self._model_dtype_rows(params, threshold, device)
         self.stop_ids = torch.tensor(tuple(stop_ids), device=device)
         self.need = tuple(sorted({CONFIDENCES[p.remasking].stat for p in params
                                   if p.remasking in ("margin", "entropy")}))
@@ -58,6 +68,62 @@ class RowKnobs:
                 rows = torch.tensor([getattr(p, attr) == name for p in params], device=device)
                 self.groups.setdefault(attr, []).append((table[name], rows[:, None]))
 
+    def _comparable(self, threshold: torch.Tensor) -> torch.Tensor:
+        """The thresholds that ``conf >= t`` compares with: strictly above for a strict
+        layout (conf >= nextafter(t) is conf > t)."""
+        if not self.strict:
+            return threshold
+        return torch.nextafter(threshold, torch.full_like(threshold, 2))
+
+    def _model_dtype_rows(self, params: Sequence[GenerationParams], threshold: torch.Tensor,
+                          device: torch.device) -> None:
+        """The rows whose confidences are taken in the model's dtype, as an index tensor
+        built once (choose needs no host sync to find them), and the thresholds as given."""
+        rows = [i for i, p in enumerate(params) if p.confidence_dtype == "model"]
+        self.model_rows = torch.tensor(rows, dtype=torch.long, device=device)     # (M,)
+        self.model_greedy = self.temperature[self.model_rows] == 0                # (M,)
+        self.model_need = {getattr(CONFIDENCES[params[i].remasking], "stat", None)
+                           for i in rows}
+        self._as_given = threshold, self.edit_threshold
+        self._rounded: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _thresholds_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(threshold, edit threshold) per row: the model rows' rounded to ``dtype`` as
+        ``probs > 0.9`` rounds 0.9 (float32, then the tensor's dtype: 0.8984375 in
+        bfloat16), the others as they are. Built once per dtype."""
+        if dtype not in self._rounded:
+            threshold, edit = self._as_given
+            rows = torch.zeros_like(threshold, dtype=torch.bool)
+            rows[self.model_rows] = True
+            t = torch.where(rows, threshold.to(dtype).float(), threshold)
+            e = torch.where(rows, edit.to(dtype).float(), edit)
+            self._rounded[dtype] = self._comparable(t), e
+        return self._rounded[dtype]
+
+    def _in_model_dtype(self, logits: torch.Tensor, stats):
+        """``stats`` (each (B, W)) with the model rows' x0, p_x0, margin and negentropy
+        recomputed from ``softmax(logits)`` in the logits' own dtype, as Fast-dLLM v2's
+        ``sample_with_top_p`` and Dream's ``sample_tokens`` compute them: at T = 0 the token
+        is the argmax of those rounded probabilities (the lowest id where they tie), at
+        T > 0 the sampled one; margin = top1 - top2 and negentropy = sum p log(p + 1e-10),
+        both in that dtype. (LLaDA's generate() and Fast-dLLM v2's greedy first token take
+        the argmax of the logits instead: the two differ only where the two best tokens'
+        probabilities tie in that dtype.)"""
+        idx = self.model_rows                                                   # (M,)
+        probs = logits[idx].softmax(dim=-1)                                     # (M, W, V)
+        x0 = torch.where(self.model_greedy[:, None], probs.argmax(dim=-1), stats.x0[idx])
+        p_x0 = probs.gather(-1, x0[..., None]).squeeze(-1)                      # (M, W)
+        new = {"x0": stats.x0.index_copy(0, idx, x0),
+               "p_x0": stats.p_x0.index_copy(0, idx, p_x0.float())}
+        if "margin" in self.model_need:
+            top2 = probs.topk(2, dim=-1).values                                 # (M, W, 2)
+            margin = (top2[..., 0] - top2[..., 1]).float()
+            new["margin"] = stats.margin.index_copy(0, idx, margin)
+        if "negentropy" in self.model_need:
+            negentropy = (probs * torch.log(probs + ENTROPY_EPS)).sum(-1).float()
+            new["negentropy"] = stats.negentropy.index_copy(0, idx, negentropy)
+        return stats._replace(**new)
+
     def choose(self, logits: torch.Tensor, active: torch.Tensor, widths: list[int]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x0 (B, W), confidence (B, W), x0's probability (B, W) and a (B,) flag for rows
@@ -65,6 +131,8 @@ class RowKnobs:
         unit is its first ``widths[b]`` columns (its noise is drawn for those only).
 
         The mask token itself is never a prediction: a committed [MASK] would stay masked.
+        With model-dtype rows and bfloat16/float16 logits, this also sets ``threshold`` and
+        ``edit_threshold`` to those rows' thresholds in that dtype, for ``select`` and ``edit``.
         """
         # a NaN or inf logit makes its row's sum non-finite: one reduction over the
         # vocabulary instead of a (B, W, V) mask (38% of a step at a 157k vocabulary)
@@ -84,6 +152,9 @@ class RowKnobs:
         stats = block_stats(logits.reshape(B * W, V), self.temperature.repeat_interleave(W),
                             uniform, self.need)                             # (B*W,) each
         stats = type(stats)(*(None if t is None else t.view(B, W) for t in stats))
+        if len(self.model_rows) and logits.dtype in (torch.bfloat16, torch.float16):
+            self.threshold, self.edit_threshold = self._thresholds_in(logits.dtype)
+            stats = self._in_model_dtype(logits, stats)
         order = None
         if self.any_random:
             gens = [g if p.remasking == "random" else None

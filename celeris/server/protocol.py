@@ -20,7 +20,8 @@ from .errors import invalid
 # request form may be a single string): the one body schema of the routes and batch jobs.
 KNOBS = ("gen_length", "temperature", "top_p", "top_k", "seed", "steps", "block_length",
          "decoding", "threshold", "factor", "remasking", "cache", "cfg_scale", "suppress_eos",
-         "defer_eos", "early_stop", "first_token", "edit_threshold", "max_post_edit_steps")
+         "defer_eos", "early_stop", "first_token", "edit_threshold", "max_post_edit_steps",
+         "confidence_dtype")
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "gen_length")
 # OpenAI fields Celeris does not implement, with the value that means "off".
 NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0,
@@ -67,6 +68,7 @@ class _Knobs(_Strict):
     early_stop: bool | None = None
     edit_threshold: float | None = None
     max_post_edit_steps: int | None = None
+    confidence_dtype: str | None = None
     celeris_denoise_events: bool = False   # also stream canvas snapshots (SSE extension)
     # accepted and ignored: they do not change the output
     user: str | None = None
