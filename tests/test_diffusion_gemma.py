@@ -358,6 +358,7 @@ def test_stream_commits_canvas_by_canvas_and_ends_with_the_result(engine_and_ref
     ({"threshold": 0.5}, "threshold must be left unset \\(0.9\\) for DiffusionGemma"),
     ({"factor": 2.0}, "factor must be left unset \\(1.0\\) for DiffusionGemma"),
     ({"edit_threshold": 0.5}, "edit_threshold must be unset for DiffusionGemma"),
+    ({"confidence_dtype": "model"}, "confidence_dtype must be 'float32' for DiffusionGemma"),
 ])
 def test_unsupported_request_options_are_refused_by_name(engine_and_ref, change, words):
     engine, _ = engine_and_ref

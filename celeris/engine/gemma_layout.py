@@ -35,7 +35,7 @@ step the samples and the renoising draw, also at temperature 0), so a request se
 ``torch.manual_seed(seed)`` before the reference's ``generate()`` gives the same tokens
 (tests/test_diffusion_gemma.py). Sampler settings come from the checkpoint's
 generation_config.json (``diffusion_gemma.read_sampler``). GenerationParams' decoding,
-remasking, threshold, factor and token editing do not apply to this sampler: a request that
+remasking, threshold, factor, confidence_dtype and token editing do not apply to this sampler: a request that
 sets them is refused naming the field (``check``).
 """
 
@@ -145,7 +145,9 @@ class GemmaLayout:
                                    "'low_confidence'"),
                                   ("threshold", params.threshold == 0.9, "left unset (0.9)"),
                                   ("factor", params.factor == 1.0, "left unset (1.0)"),
-                                  ("edit_threshold", not params.edits, "unset")):
+                                  ("edit_threshold", not params.edits, "unset"),
+                                  ("confidence_dtype", params.confidence_dtype == "float32",
+                                   "'float32'")):
             if not ok:
                 raise ValueError(f"{name} must be {allowed} for DiffusionGemma (its "
                                  f"entropy-bound sampler decides what a step accepts and has "
