@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from celeris import CelerisConfig, CelerisForMaskedDiffusion, GenerationParams
+from celeris import GenerationParams
 from celeris.cli import build_parser, generation_overrides
 from celeris.request_params import request_params
 from celeris.sampler.choose import RowKnobs
 from celeris.server.protocol import CompletionRequest
 from tests.engine_harness import bare_engine, run_requests
-from tests.test_fastdllm_reference import BS, MASK, PAD, SMALL, STOP, upstream_generate
+from tests.test_fastdllm_reference import (MASK, PAD, SMALL, STOP, tiny_fastdllm,
+                                           upstream_generate)
 
 V, UNIT_MASK, FAR = 8, 7, -100.0       # hand-made rows: 8 tokens, the rest of a row at -100
 BF16 = torch.bfloat16
@@ -171,12 +172,7 @@ def test_confidence_dtype_is_validated_and_round_trips():
 @pytest.fixture(scope="module")
 def model():
     """tests/test_fastdllm_reference.py's tiny Fast-dLLM v2 layout, in bfloat16."""
-    torch.manual_seed(11)
-    cfg = CelerisConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, qkv_bias=True,
-                        shift_logits=True, attention="block_causal", block_size=BS,
-                        initializer_range=0.5, mask_token_id=MASK)
-    m = CelerisForMaskedDiffusion(cfg).eval()
+    m = tiny_fastdllm()
     with torch.no_grad():
         m.lm_head.weight[STOP] *= 0.3
     m = m.to(BF16)

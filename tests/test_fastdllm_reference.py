@@ -14,14 +14,19 @@ from tests.engine_harness import bare_engine, run_requests
 MASK, PAD, STOP, BS, SMALL = 3, 0, 2, 8, 4
 
 
-@pytest.fixture(scope="module")
-def model():
-    torch.manual_seed(11)
+def tiny_fastdllm(seed: int = 11) -> CelerisForMaskedDiffusion:
+    """A tiny random model laid out as Fast-dLLM v2 (shifted logits, blocks of BS)."""
+    torch.manual_seed(seed)
     cfg = CelerisConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, qkv_bias=True,
                         shift_logits=True, attention="block_causal", block_size=BS,
                         initializer_range=0.5, mask_token_id=MASK)
-    m = CelerisForMaskedDiffusion(cfg).eval()
+    return CelerisForMaskedDiffusion(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = tiny_fastdllm()
     with torch.no_grad():
         m.lm_head.weight[MASK] = 0.0          # upstream's argmax does not exclude [MASK]
         m.lm_head.weight[STOP] *= 0.3         # a stop token now and then, not at once
