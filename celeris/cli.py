@@ -67,8 +67,6 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
                         choices=("auto", "float32", "bfloat16", "float16"))
 
 
-
-
 def add_big_model_options(parser: argparse.ArgumentParser) -> None:
     """--device-map auto and its budgets: a model that does not fit one device."""
     group = parser.add_argument_group("big checkpoints (accelerate)")
