@@ -142,6 +142,20 @@ def cmd_recipe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _asks(text: str | None) -> dict | None:
+    """``--asks SHARE:FIELDS`` as the training setting (checked by the trainer)."""
+    if text is None:
+        return None
+    share, sep, fields = text.partition(":")
+    try:
+        value = float(share)
+    except ValueError:
+        value = share
+    if not sep:
+        raise ValueError(f"--asks: expected SHARE:FIELDS such as 0.5:adj,place,obj, got {text!r}")
+    return {"share": value, "fields": [f.strip() for f in fields.split(",") if f.strip()]}
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     if args.recipe:
         return cmd_recipe(args)
@@ -159,7 +173,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("certainty", args.certainty),
                                              ("masking", args.masking),
                                              ("selfgen", args.selfgen),
-                                             ("selfgen_prob", args.selfgen_prob))
+                                             ("selfgen_prob", args.selfgen_prob),
+                                             ("asks", _asks(args.asks)))
                            if v is not None})
     except user_errors() as exc:
         return error(exc)
@@ -354,6 +369,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                         "model wrote itself")
     p.add_argument("--selfgen-prob", type=float, default=None, metavar="P",
                    help="probability that a task / long-request item comes from --selfgen")
+    p.add_argument("--asks", default=None, metavar="SHARE:FIELDS",
+                   help="e.g. 0.5:adj,place,obj: that share of the long-story requests ask for "
+                        "at least one of the fields (kind, adj, name, place, obj); default: the "
+                        "corpus's own request forms")
     p.add_argument("--semi-ar-prob", type=float, default=None, metavar="P",
                    help="fraction of story and story-request rows trained in the "
                         "semi-autoregressive state (clean prefix, one masked block, later "

@@ -86,6 +86,8 @@ def test_the_block_models_recipe_records_its_distill_rounds_and_averages():
      "from must name an earlier stage"),
     ('model = "m"\n[[stage]]\nname = "a"\nkind = "ar"\nsteps = 1\nmasking = "suffix"\n',
      "masking is a block-diffusion"),
+    ('model = "m"\n[[stage]]\nname = "a"\nkind = "ar"\nsteps = 1\n'
+     'asks = { share = 2, fields = ["adj"] }\n', r"stage 0: asks.share must be in \(0, 1\]"),
     ('model = "m"\n[[stage]]\nname = "a"\nkind = "bd"\nsteps = 1\n'
      'distill = { requests = 1, tasks = 1 }\n', "selfgen_prob goes with distill"),
     ('model = "m"\n[[stage]]\nname = "a"\nkind = "bd"\nsteps = 1\nselfgen_prob = 0.5\n'

@@ -288,6 +288,42 @@ def test_mix_from_weights_parses_text_and_names_bad_fields():
             Mix.from_weights(bad)
 
 
+def test_asks_makes_that_share_of_long_requests_ask_a_field_and_off_leaves_the_stream():
+    from dataclasses import replace
+    base = Mix.from_weights("story=0,task=0,request=0,longreq=1,reqhead=1")
+    default = Stream(seed=3, mix=base)
+    again = Stream(seed=3, mix=replace(base, ask_share=0.0, ask_fields=("obj",)))
+    assert [default.item("longreq") for _ in range(40)] == [again.item("longreq")
+                                                           for _ in range(40)]
+
+    def share(mix, source, n=300):
+        stream = Stream(seed=1, mix=mix)
+        msgs = [stream.item(source).messages[0][1] for _ in range(n)]
+        return sum(("lives" in m or " and a" in m or " and an" in m or " with a" in m)
+                   for m in msgs) / n      # the place and object forms
+
+    every = replace(base, ask_share=1.0, ask_fields=("place", "obj"))
+    assert share(every, "longreq") == 1.0 and share(every, "reqhead") == 1.0
+    assert share(base, "longreq") < 0.4                # the corpus's own forms: ~26%
+    half = share(replace(base, ask_share=0.5, ask_fields=("place", "obj")), "longreq", 600)
+    assert 0.55 < half < 0.75                          # 0.5 + 0.5 x the corpus's ~26%
+
+
+@pytest.mark.parametrize("asks,match", [
+    ({"share": 0, "fields": ["adj"]}, r"asks.share must be in \(0, 1\], got 0"),
+    ({"share": 1.5, "fields": ["adj"]}, r"asks.share must be in \(0, 1\], got 1.5"),
+    ({"share": 0.5, "fields": ["colour"]}, "asks.fields must list some of kind, adj, name"),
+    ({"share": 0.5, "fields": []}, "asks.fields must list some of"),
+    ({"share": 0.5}, r"asks must be \{share = P, fields"),
+])
+def test_bad_asks_setting_is_refused_naming_the_field(asks, match):
+    from celeris.train.trainer import check_settings
+    with pytest.raises(ValueError, match=match):
+        check_settings("ar", "tiny", {"asks": asks})
+    ok = check_settings("bd", "tiny", {"asks": {"share": 1, "fields": ["adj", "adj", "obj"]}})
+    assert ok["asks"] == {"share": 1.0, "fields": ["adj", "obj"]}
+
+
 # --------------------------------------------------------------------------- training
 @pytest.fixture
 def one_thread(monkeypatch):
@@ -338,6 +374,12 @@ def test_training_takes_a_mix_and_semi_autoregressive_rows(tmp_path, one_thread)
     assert log["data"]["sources"]["task"] == 0.0
     again = _train(tmp_path / "c", steps=4, mix="story=1,task=0,request=1", semi_ar_prob=0.5)
     assert again["losses"] == run["losses"]                      # still deterministic
+    heads = _train(tmp_path / "d", steps=3, mix="story=0,task=1,reqhead=1")
+    asked = _train(tmp_path / "e", steps=3, mix="story=0,task=1,reqhead=1",
+                   asks={"share": 1.0, "fields": ["place", "obj"]})
+    assert asked["losses"] != heads["losses"]
+    log = json.loads((tmp_path / "e" / "train_log.json").read_text())
+    assert log["train_config"]["asks"] == {"share": 1.0, "fields": ["place", "obj"]}
 
 
 @pytest.fixture(scope="module")

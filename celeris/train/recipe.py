@@ -6,7 +6,7 @@ starting from stage N-1's weights (``from`` names another stage; stage 0 starts 
 
     name, kind, steps              the run's name in the cards, ar|diffusion|bd, optimizer steps
     seed, threads                  as the run had them (CELERIS_THREADS, when set, wins)
-    lr, mix, tokens_per_batch, block_size, certainty, masking, semi_ar_prob
+    lr, mix, tokens_per_batch, block_size, certainty, masking, semi_ar_prob, asks
                                    training settings (``trainer.TRAIN_PRESETS``; unset = preset)
     distill = {requests, tasks, batch, seed, relabel, correct, min_arcs, drop}
                                    first the starting model answers training prompts
@@ -35,7 +35,7 @@ from typing import Any
 from celeris.train.trainer import KINDS, check_settings
 
 SETTINGS = ("lr", "mix", "tokens_per_batch", "block_size", "certainty", "masking",
-            "semi_ar_prob", "selfgen_prob")
+            "semi_ar_prob", "selfgen_prob", "asks")
 STAGE_KEYS = {"name", "kind", "steps", "seed", "threads", "from", "distill", "selfgen", "runs",
               "same_as", *SETTINGS}
 DISTILL_KEYS = {"requests", "tasks", "batch", "seed", "relabel", "correct", "min_arcs", "drop"}

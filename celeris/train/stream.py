@@ -32,6 +32,10 @@ class Mix:
     reqhead: the same requests answered by the first tokens of their story only (cropped to
              the canvas, no end of turn): ~5x more requests per token than ``longreq``, for
              learning to honour a request (the opening names the hero and usually the place).
+
+    ``ask_share`` of the ``longreq``/``reqhead`` requests ask for at least one of
+    ``ask_fields`` (redrawn until one does; the training setting ``asks``): the corpus's forms
+    ask an adjective, a place or an object rarely, too rarely for a model to learn to copy it.
     """
 
     story: float = 0.20
@@ -43,6 +47,8 @@ class Mix:
     task_weights: tuple[tuple[str, float], ...] = (("copy", 0.5), ("reverse", 1.25),
                                                    ("sort", 1.5), ("add", 3.0), ("max", 0.25),
                                                    ("count", 0.25))
+    ask_share: float = 0.0
+    ask_fields: tuple[str, ...] = ()
 
     def sources(self) -> tuple[tuple[str, float], ...]:
         return (("story", self.story), ("task", self.task), ("request", self.request),
@@ -110,7 +116,10 @@ def _request_item(rng: random.Random, mix: Mix) -> Item:
 
 
 def _long_request_item(rng: random.Random, mix: Mix, source: str = "longreq") -> Item:
+    fields = set(mix.ask_fields) if mix.ask_share and rng.random() < mix.ask_share else set()
     r = long_request(rng)
+    while fields and not fields & set(r.asks):
+        r = long_request(rng)
     return Item(source, messages=(("user", r.text),), answer=r.story)
 
 
@@ -123,6 +132,26 @@ ITEM_BUILDERS = {
     "longreq": _long_request_item,
     "reqhead": lambda rng, mix: _long_request_item(rng, mix, "reqhead"),
 }
+
+
+def check_asks(asks: "dict | None") -> "dict | None":
+    """The ``asks`` training setting, ``{"share": P, "fields": [...]}`` (see ``Mix``),
+    validated; None leaves the corpus's own request forms."""
+    if asks is None:
+        return None
+    if not isinstance(asks, dict) or set(asks) != {"share", "fields"}:
+        raise ValueError(f"asks must be {{share = P, fields = [...]}}, got {asks!r}")
+    share, fields = asks["share"], asks["fields"]
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ValueError(f"asks.share must be in (0, 1], got {share!r}")
+    if (not isinstance(fields, (list, tuple)) or not fields
+            or not set(fields) <= set(ASKABLE)):
+        raise ValueError(f"asks.fields must list some of {', '.join(ASKABLE)}, got {fields!r}")
+    return {"share": float(share), "fields": list(dict.fromkeys(fields))}
+
+
+# the request fields a long request can ask for (``corpus.LONG_REQUEST_FORMS``)
+ASKABLE = ("kind", "adj", "name", "place", "obj")
 
 
 class Stream:
