@@ -399,6 +399,16 @@ def story_split(text: str) -> str:
     return "eval" if int.from_bytes(d[:8], "big") % STORY_EVAL_BUCKETS == 0 else "train"
 
 
+REQUEST_EVAL_BUCKETS = 10
+
+
+def request_split(text: str) -> str:
+    """'eval' or 'train' for a request's text, by a stable hash: a held-out request's text is
+    never a training prompt (every training request draws again until its text is 'train')."""
+    d = hashlib.sha256(("request:" + text).encode("utf-8")).digest()
+    return "eval" if int.from_bytes(d[:8], "big") % REQUEST_EVAL_BUCKETS == 0 else "train"
+
+
 def _in_split(make, rng: random.Random, split: str, **constraints) -> str:
     """The first story ``make`` draws that falls in ``split``."""
     while True:
@@ -443,14 +453,18 @@ REQUEST_FORMS = ("Tell me a story about {a_kind}.", "Write a short story about {
 
 
 def story_request(rng: random.Random, split: str = "train") -> tuple[str, str]:
-    """A chat request for a story and a story that satisfies it: (user text, story)."""
-    form = rng.choice(REQUEST_FORMS)
-    kind = rng.choice(KINDS)
-    values = {"kind": kind, "adj": rng.choice(ADJECTIVES), "obj": rng.choice(OBJECTS),
-              "place": rng.choice(PLACES)}
-    pron = PEOPLE.get(kind) or rng.choice(("he", "she"))
-    values["name"] = rng.choice(NAMES_HE if pron == "he" else NAMES_SHE)
-    text, cons = request_text(form, values)
+    """A chat request for a story and a story that satisfies it: (user text, story); the
+    text and the story both fall in ``split``."""
+    while True:
+        form = rng.choice(REQUEST_FORMS)
+        kind = rng.choice(KINDS)
+        values = {"kind": kind, "adj": rng.choice(ADJECTIVES), "obj": rng.choice(OBJECTS),
+                  "place": rng.choice(PLACES)}
+        pron = PEOPLE.get(kind) or rng.choice(("he", "she"))
+        values["name"] = rng.choice(NAMES_HE if pron == "he" else NAMES_SHE)
+        text, cons = request_text(form, values)
+        if request_split(text) == split:
+            break
     if "obj" in cons:
         cons["sentences"] = rng.randint(3, 6)
     return text, random_story(rng, split, **cons)
@@ -623,19 +637,24 @@ def request_text(form: str, values: dict) -> tuple[str, dict]:
 
 
 def long_request(rng: random.Random, split: str = "train") -> StoryRequest:
+    """A long-story request whose text and story both fall in ``split``."""
     weights, forms = zip(*LONG_REQUEST_FORMS)
-    form = rng.choices(forms, weights)[0]
-    kind = rng.choice(KINDS)
-    pron = PEOPLE.get(kind) or rng.choice(("he", "she"))
-    values = {"kind": kind, "adj": rng.choice(ADJECTIVES),
-              "name": rng.choice(NAMES_HE if pron == "he" else NAMES_SHE),
-              "place": rng.choice(PLACES), "obj": rng.choice(OBJECTS)}
-    text, asks = request_text(form, values)
+    while True:
+        form = rng.choices(forms, weights)[0]
+        kind = rng.choice(KINDS)
+        pron = PEOPLE.get(kind) or rng.choice(("he", "she"))
+        values = {"kind": kind, "adj": rng.choice(ADJECTIVES),
+                  "name": rng.choice(NAMES_HE if pron == "he" else NAMES_SHE),
+                  "place": rng.choice(PLACES), "obj": rng.choice(OBJECTS)}
+        text, asks = request_text(form, values)
+        if request_split(text) == split:
+            break
     return StoryRequest(text, asks, random_long_story(rng, split, **asks), form)
 
 
 def heldout_long_requests(n: int = 40, seed: int = STORY_EVAL_SEED) -> list[StoryRequest]:
-    """Fixed held-out long-story requests (their stories are in the eval split)."""
+    """Fixed held-out long-story requests: their texts (``request_split``) and stories are in
+    the eval split, so no training prompt is one of them."""
     rng = random.Random(f"celeris-long-request:{seed}:eval")
     return _distinct(lambda: long_request(rng, "eval"), n, key=lambda r: r.text)
 

@@ -64,7 +64,8 @@ def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
     (hindsight relabelling): asked for "a brave fox named Max", a story about a brave cat
     named Max is kept under "a brave cat named Max". The hero comes from its introduction,
     the place is the first corpus place it names, the object the first one it finds. None
-    when the story lacks such a field or the request has no template (``spec.form``)."""
+    when the story lacks such a field, the request has no template (``spec.form``) or the new
+    text is a held-out one (``corpus.request_split``)."""
     if not getattr(spec, "form", ""):
         return None
     need, values = set(spec.asks), {}
@@ -85,8 +86,8 @@ def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
             return None
         values["obj"] = obj
     text, asks = _corpus.request_text(spec.form, values)
-    if not longcheck.request_honoured(story, asks)[0]:
-        return None
+    if not longcheck.request_honoured(story, asks)[0] or _corpus.request_split(text) != "train":
+        return None                  # a held-out request's text is never a training prompt
     return _corpus.StoryRequest(text, asks, spec.story, spec.form)
 
 
