@@ -85,6 +85,26 @@ def test_heldout_request_texts_are_never_a_training_prompt():
     assert tried >= 20
 
 
+def test_a_requested_place_opens_the_story_and_a_requested_object_is_found_first():
+    """Following the request is the likeliest path through the corpus (issue 33): an asked
+    place is named by the first sentence, an asked object found at the start of the first
+    plot paragraph; unconstrained long stories keep every opening."""
+    rng, seen = random.Random(6), {"place": 0, "obj": 0}
+    for _ in range(400):
+        r = corpus.long_request(rng)
+        paras = corpus.paragraphs(r.story)
+        if "place" in r.asks:
+            seen["place"] += 1
+            assert r.asks["place"] in paras[0].split(". ")[0].lower(), r.story
+        if "obj" in r.asks:
+            seen["obj"] += 1
+            first = paras[1].split(". ")[0]
+            assert re.search(rf"found an? (\w+ )?{r.asks['obj']}\b", first), r.story
+    assert min(seen.values()) >= 25
+    openings = {corpus.long_story(random.Random(i)).split(",")[0].split()[0] for i in range(60)}
+    assert {"Once", "There"} <= openings
+
+
 def test_long_request_asks_only_for_what_its_text_names():
     rng = random.Random(4)
     for _ in range(100):

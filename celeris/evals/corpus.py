@@ -221,9 +221,14 @@ OPENINGS = (_open_there_was, _open_there_lived, _open_walk, _open_long_ago, _ope
             _open_named, _open_outside)
 
 
-def _opening(st: _Story) -> None:
-    form = st.rng.randrange(len(OPENINGS))
-    st.say(OPENINGS[form](st) or OPENINGS[-1](st))
+# the openings that name the story's place: a long story whose request asks for a place opens
+# with one, so the opening is where a model learns to copy the place
+PLACE_OPENINGS = (_open_there_lived, _open_walk, _open_long_ago, _open_named, _open_outside)
+
+
+def _opening(st: _Story, forms: tuple = OPENINGS) -> None:
+    form = st.rng.randrange(len(forms))
+    st.say(forms[form](st) or OPENINGS[-1](st))
 
 
 def _arc_activity(st: _Story) -> int:
@@ -498,17 +503,18 @@ def _arc_paragraph(st: _Story, arc: str) -> list[str]:
     return st.sentences[start:]
 
 
-def _long_story_once(rng: random.Random, hero: Character, place: str, obj: str | None) -> str:
+def _long_story_once(rng: random.Random, hero: Character, place: str, obj: str | None,
+                     place_asked: bool = False) -> str:
     st = _Story(rng=rng, hero=hero, place=place, obj=obj)
     paragraphs: list[list[str]] = []
     # opening paragraph: who and where, then a few everyday sentences
-    _opening(st)
+    _opening(st, PLACE_OPENINGS if place_asked else OPENINGS)
     first = len(st.sentences) - 1
     _fillers(st, rng.randint(1, 3))
     paragraphs.append(st.sentences[first:])
     arcs = rng.sample(LONG_PLOT_ARCS, rng.randint(2, 4))
-    if obj is not None and not {"find", "lose"} & set(arcs):
-        arcs[0] = rng.choice(("find", "lose"))        # the requested object must appear
+    if obj is not None:              # the requested object is found in the first plot paragraph
+        arcs = ["find"] + [a for a in arcs if a != "find"][:len(arcs) - 1]
     paragraphs += [_arc_paragraph(st, arc) for arc in arcs]
     start = len(st.sentences)                      # closing paragraph
     _fillers(st, rng.randint(0, 2))
@@ -582,7 +588,7 @@ def long_story(rng: random.Random, *, kind: str | None = None, name: str | None 
     while True:
         hero = make_character(rng, kind=kind, adj=adj, name=name, named=True)
         where = place or rng.choice(PLACES)
-        text = _long_story_once(rng, hero, where, obj)
+        text = _long_story_once(rng, hero, where, obj, place is not None)
         # redraw a story that is too short or long, whose last paragraph forgets the hero's
         # name ("And they all lived happily ever after." after a pronoun), or that never
         # says a requested place (some openings leave the place out)
