@@ -191,7 +191,8 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
         summary = distill_data(args.model, args.out, requests=args.requests, tasks=args.tasks,
                                batch=args.batch, seed=args.seed, resume=args.resume,
                                minutes=args.minutes, relabel_requests=not args.no_relabel,
-                               correct_requests=not args.no_correct, min_arcs=args.min_arcs)
+                               correct_requests=not args.no_correct, min_arcs=args.min_arcs,
+                               temperature=args.temperature)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -413,6 +414,9 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
                    help="lengthen every kept story to N plot arcs (1-4; default 0, off): the "
                         "missing arcs' paragraphs in the corpus's sentences, before the closing "
                         "one, checked again (hindsight lengthening)")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="sample each answer at T (0-2; default 0, greedy): a greedy pool is the "
+                        "model's mode, and training on it narrows what the model writes")
     p.add_argument("--no-relabel", action="store_true",
                    help="drop a good story that ignores its request instead of keeping it "
                         "under the request it honours (hindsight relabelling)")

@@ -556,3 +556,40 @@ def test_distill_data_min_arcs_lengthens_the_pool_and_refuses_bad_values(tmp_pat
         else:
             assert len(corpus.plot_arcs(lr["answer"])) == 4
             assert ("lengthened" in lr) == (len(corpus.plot_arcs(p["answer"])) < 4)
+
+
+def test_distill_data_samples_at_a_temperature_reproducibly_and_refuses_bad_values(
+        tmp_path, monkeypatch):
+    from celeris import Engine
+    from celeris.train.selfgen import distill_data
+    model = "models/celeris-tiny-bd"
+    for bad in (-0.1, 2.5, True, "hot"):
+        with pytest.raises(ValueError, match=r"temperature must be in \[0, 2\]"):
+            distill_data(model, tmp_path / "x.jsonl", requests=1, tasks=0, temperature=bad,
+                         progress=False)
+    assert not (tmp_path / "x.jsonl").exists()
+    seen: list[tuple[str, float, int]] = []
+    real = Engine.generate_batch
+
+    def spy(self, prompts, params=None, request_ids=None):
+        seen.extend((m[0]["content"], p.temperature, p.seed) for m, p in zip(prompts, params))
+        return real(self, prompts, params, request_ids)
+    monkeypatch.setattr(Engine, "generate_batch", spy)
+    summary = distill_data(model, tmp_path / "hot.jsonl", requests=4, tasks=2, batch=4,
+                           progress=False, temperature=1.0)
+    assert summary["teacher"]["temperature"] == 1.0
+    hot = list(seen)
+    assert [t for _, t, _ in hot] == [1.0] * 6
+    assert len({s for _, _, s in hot}) == 6          # every prompt its own seed
+    seen.clear()                                     # a resumed file: the same seeds
+    distill_data(model, tmp_path / "r.jsonl", requests=2, tasks=1, batch=2, progress=False,
+                 temperature=1.0)
+    distill_data(model, tmp_path / "r.jsonl", requests=4, tasks=2, batch=2, progress=False,
+                 temperature=1.0, resume=True)
+    assert seen == hot
+    assert (tmp_path / "r.jsonl").read_text().count('"source"') == \
+        (tmp_path / "hot.jsonl").read_text().count('"source"')
+    seen.clear()
+    assert distill_data(model, tmp_path / "g.jsonl", requests=1, tasks=0, progress=False
+                        )["teacher"]["temperature"] == 0.0
+    assert [t for _, t, _ in seen] == [0.0]

@@ -191,7 +191,8 @@ class Workspace:
             distill_data(teacher, raw, requests=self.count(requests), tasks=self.count(tasks),
                          batch=spec["batch"], seed=spec["seed"], resume=True,
                          progress=self.progress, relabel_requests=spec["relabel"],
-                         correct_requests=spec["correct"], min_arcs=spec["min_arcs"])
+                         correct_requests=spec["correct"], min_arcs=spec["min_arcs"],
+                         temperature=spec["temperature"])
         records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
         lines = [json.dumps(r) for r in records
                  if "done" not in r and r.get("source") not in spec["drop"]]

@@ -8,7 +8,7 @@ starting from stage N-1's weights (``from`` names another stage; stage 0 starts 
     seed, threads                  as the run had them (CELERIS_THREADS, when set, wins)
     lr, mix, tokens_per_batch, block_size, certainty, masking, semi_ar_prob, asks
                                    training settings (``trainer.TRAIN_PRESETS``; unset = preset)
-    distill = {requests, tasks, batch, seed, relabel, correct, min_arcs, drop}
+    distill = {requests, tasks, batch, seed, relabel, correct, min_arcs, drop, temperature}
                                    first the starting model answers training prompts
                                    (``selfgen.distill_data``; a list of counts runs passes that
                                    resume one file; ``drop`` removes sources); the stage then
@@ -38,7 +38,8 @@ SETTINGS = ("lr", "mix", "tokens_per_batch", "block_size", "certainty", "masking
             "semi_ar_prob", "selfgen_prob", "asks")
 STAGE_KEYS = {"name", "kind", "steps", "seed", "threads", "from", "distill", "selfgen", "runs",
               "same_as", *SETTINGS}
-DISTILL_KEYS = {"requests", "tasks", "batch", "seed", "relabel", "correct", "min_arcs", "drop"}
+DISTILL_KEYS = {"requests", "tasks", "batch", "seed", "relabel", "correct", "min_arcs", "drop",
+                "temperature"}
 RUN_SETTINGS = ("masking", "seed")
 
 
@@ -105,7 +106,7 @@ def _distill(where: str, value: Any) -> dict[str, Any]:
         raise _fail(where, f"distill: unknown key(s) {', '.join(unknown)}; "
                            f"known: {', '.join(sorted(DISTILL_KEYS))}")
     out = {"batch": 16, "seed": 0, "relabel": True, "correct": True, "min_arcs": 0, "drop": [],
-           **value}
+           "temperature": 0.0, **value}
     passes = [out.get(k) if isinstance(out.get(k), list) else [out.get(k)]
               for k in ("requests", "tasks")]
     if len(passes[0]) != len(passes[1]):

@@ -226,9 +226,12 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
                  minutes: float | None = None, progress: bool = True,
                  relabel_requests: bool = True, correct_requests: bool = True,
-                 min_arcs: int = 0) -> dict[str, Any]:
-    """Answer the prompts with ``model`` (greedy, at its own default decoding) and append the
-    kept answers (``kept_record``) to ``out``."""
+                 min_arcs: int = 0, temperature: float = 0.0) -> dict[str, Any]:
+    """Answer the prompts with ``model`` at its own default decoding and append the kept
+    answers (``kept_record``) to ``out``. ``temperature`` 0 answers greedily (the model's
+    mode: each round of training on it narrows what the model writes); above 0 each prompt
+    is sampled with its own seed (from ``seed`` and its index in the prompt list, so a
+    resumed file draws the same answers), which keeps the pool as varied as the model."""
     from celeris import Engine
 
     for name, v in (("requests", requests), ("tasks", tasks)):
@@ -236,6 +239,9 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
             raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
     if not isinstance(batch, int) or not 1 <= batch <= 256:
         raise ValueError(f"batch must be an integer in [1, 256], got {batch!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0.0 <= temperature <= 2.0:
+        raise ValueError(f"temperature must be in [0, 2], got {temperature!r}")
     arcs = len(_corpus.LONG_PLOT_ARCS)
     if not isinstance(min_arcs, int) or isinstance(min_arcs, bool) or not 0 <= min_arcs <= arcs:
         raise ValueError(f"min_arcs must be an integer in [0, {arcs}], got {min_arcs!r}")
@@ -248,8 +254,10 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     if not engine.block_causal:
         raise ValueError(f"{model} is not a block-diffusion model (config attention "
                          f"'block_causal'); distill-data writes a block model's own answers")
-    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS, **TEACHER)
-    teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER}
+    params = engine.default_params().replace(gen_length=MAX_NEW_TOKENS,
+                                             **{**TEACHER, "temperature": float(temperature)})
+    teacher = {"decoding": params.decoding, "threshold": params.threshold, **TEACHER,
+               "temperature": float(temperature)}
     out.parent.mkdir(parents=True, exist_ok=True)
     t0, kept, tokens, nfe = time.time(), {"task": 0, "longreq": 0}, 0, 0
     seen, relabelled, corrected = {"task": 0, "longreq": 0}, 0, 0
@@ -257,8 +265,9 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     with out.open("a") as f:
         for i in range(done, len(todo), batch):
             chunk = todo[i:i + batch]
+            plist = [params.replace(seed=seed * 1_000_003 + i + j) for j in range(len(chunk))]
             results = engine.generate_batch([[{"role": "user", "content": text}]
-                                             for _, text, _ in chunk], params)
+                                             for _, text, _ in chunk], plist)
             for (source, text, spec), r in zip(chunk, results):
                 seen[source] += 1
                 tokens += len(r.token_ids)
