@@ -56,20 +56,25 @@ def test_each_shipped_recipe_names_the_runs_of_its_models_training_log(model):
             assert {k: float(v) for k, v in stage.settings["mix"].items()} == tc["mix"]
         assert stage.settings.get("certainty", 0.0) == (tc.get("certainty") or 0.0)
         assert (stage.settings.get("selfgen_prob") or 0.0) == (tc.get("selfgen_prob") or 0.0)
+        assert stage.settings.get("asks") == tc.get("asks")
 
 
 def test_the_block_models_recipe_records_its_distill_rounds_and_averages():
     bd = load_recipe(RECIPES["celeris-tiny-bd"])
-    assert [s.index for s in bd.stages if s.same_as] == list(range(7))
+    assert [s.index for s in bd.stages if s.same_as] == [*range(7), 16]
     assert all(s.same_as.recipe == RECIPES["celeris-tiny-ar"] for s in bd.stages[:7])
-    assert [s.index for s in bd.stages if s.distill] == [10, 11, 12, 13, 14, 15]
+    assert bd.stages[16].same_as == Ref(RECIPES["celeris-tiny-ar"], 17)   # the taught twin
+    assert [s.index for s in bd.stages if s.distill] == [10, 11, 12, 13, 14, 15, 19, 20, 21]
+    assert [s.distill["temperature"] for s in bd.stages[19:]] == [0.8, 0.0, 0.0]
+    assert all(s.settings["asks"]["fields"] == ["adj", "place", "obj"] for s in bd.stages[17:20])
+    assert all(s.settings["asks"] == {"share": 0.6, "fields": ["adj"]} for s in bd.stages[20:])
     assert bd.stages[11].distill["passes"] == [(900, 900), (2700, 1200)]
     assert bd.stages[13].distill["drop"] == ["task"]
     assert (bd.stages[10].distill["relabel"], bd.stages[12].distill["correct"]) == (False, False)
     assert bd.stages[15].distill["min_arcs"] == 4
-    assert [[r.get("masking", "random") for r in s.runs] for s in bd.stages[13:]] == \
+    assert [[r.get("masking", "random") for r in s.runs] for s in bd.stages[13:16]] == \
         [["random", "suffix"]] * 3
-    assert {s.settings["block_size"] for s in bd.stages[7:]} == {4}
+    assert {s.settings["block_size"] for s in bd.stages[7:] if not s.same_as} == {4}
     twin = load_recipe(RECIPES["celeris-tiny-ar"])
     assert [(s.index, s.selfgen) for s in twin.stages if s.selfgen] == [
         (i, Ref(RECIPES["celeris-tiny-bd"], i)) for i in range(10, 16)]
@@ -114,21 +119,24 @@ def test_the_twins_recipe_runs_every_stage_at_smoke_scale_in_under_a_minute(tmp_
                      "0.01", "--smoke", "--out", str(out)]) == 0
     took = time.monotonic() - started
     assert took < 60, f"the smoke recipe took {took:.0f} s"
-    assert "16 stages ->" in capsys.readouterr().out
-    for n in range(16):
+    assert "18 stages ->" in capsys.readouterr().out
+    for n in range(18):
         made = json.loads((out / f"stage-{n:02d}" / "stage.json").read_text())
         assert made["stage"] == n and made["preset"] == "micro"
     log = json.loads((out / "stage-15" / "train_log.json").read_text())
     assert log["kind"] == "ar" and log["steps"] == 10 and log["seed"] == 3
     assert log["init_from"] == str(out / "stage-14")
+    taught = json.loads((out / "stage-17" / "train_log.json").read_text())   # the shipped twin
+    assert (taught["steps"], taught["seed"], taught["init_from"]) == (8, 1, str(out / "stage-16"))
+    assert taught["train_config"]["asks"] == {"share": 1.0, "fields": ["place", "obj"]}
     needs = out / "needs" / "celeris-tiny-bd"
     assert (needs / "stage-15" / "selfgen.jsonl").is_file()      # the twin's last distill file
     assert json.loads((needs / "stage-07" / "stage.json").read_text())["init_from"] == \
         str(out / "stage-06")                                     # the twin's stage, shared
     assert (needs / "stage-14" / "average.json").is_file()
-    card = (out / "stage-15" / "README.md").read_text()
+    card = (out / "stage-17" / "README.md").read_text()
     assert "celeris train --recipe models/celeris-tiny-ar/recipe.toml" in card
-    assert json.loads((out / "stage-15" / "eval.json").read_text())["n_per_task"] == 2
+    assert json.loads((out / "stage-17" / "eval.json").read_text())["n_per_task"] == 2
 
 
 def test_finished_stages_are_skipped_and_from_stage_needs_the_earlier_ones(tmp_path,

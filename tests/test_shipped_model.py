@@ -208,28 +208,66 @@ def test_block_diffusion_model_scores_as_its_card_says(default_engine):
 
 
 def test_a_story_request_hero_is_honoured_on_held_out_requests(default_engine):
-    """Held-out long-story requests that ask for a hero's kind or name: the default model's
-    story introduces that hero, of that kind and by that name, in its first sentence. The
-    first 120 tokens hold the first sentence and the paragraph after it. A requested adjective,
-    place or object is scored by the stories bench (per field), not here: the shipped model
-    copies a requested adjective rarely (its card's Limitations)."""
+    """Held-out long-story requests that ask for a hero (its kind, name or adjective): the
+    default model's story introduces that hero in its first sentence, of that kind and by that
+    name always, with that adjective in all but one (it copies 9 of the 11 held-out adjective
+    requests, its card says). The first 120 tokens hold the first sentence and the paragraph
+    after it (the place and object asked for come later and are scored by the stories bench)."""
     from celeris.evals.corpus import heldout_long_requests
     from celeris.evals.longcheck import hero_of, request_honoured
 
-    hero_keys = ("kind", "name")
+    hero_keys = ("kind", "adj", "name")
     requests = [r for r in heldout_long_requests(16)
                 if any(k in r.asks for k in hero_keys)][:6]
-    assert len(requests) == 6
+    assert len(requests) == 6 and sum("adj" in r.asks for r in requests) >= 3
     params = default_engine.default_params().replace(gen_length=120)
     outs = default_engine.generate_batch(
         [[{"role": "user", "content": r.text}] for r in requests], params)
+    honoured = 0
     for r, out in zip(requests, outs):
         asks = {k: v for k, v in r.asks.items() if k in hero_keys}
         ok, why = request_honoured(out.text, asks)
-        assert ok, (r.text, why, out.text)
+        honoured += ok
         hero = hero_of(out.text)
         assert hero is not None, out.text          # a named hero, always
         if "kind" in asks:
             assert hero.kind == asks["kind"], (r.text, out.text)
         if "name" in asks:
             assert hero.name == asks["name"], (r.text, out.text)
+    assert honoured >= len(requests) - 1
+
+
+# The story requests the playground, Chat and Race tabs offer, as the corpus's request forms
+# build them (the model knows only those forms): (form, values).
+STORY_EXAMPLES = (
+    ("Tell me a story about {a_adj_kind} called {name}.", {"kind": "fox", "adj": "brave",
+                                                           "name": "Pip"}),
+    ("Tell me a story about {a_kind} who lives {place}.", {"kind": "dog", "place": "by the sea"}),
+    ("Tell me a story about {a_kind} and {a_obj}.", {"kind": "girl", "obj": "key"}),
+    ("Write a long story about {a_adj_kind}.", {"kind": "bear", "adj": "sleepy"}),
+    ("Tell me a story about {a_adj_kind} called {name}.", {"kind": "horse", "adj": "clever",
+                                                           "name": "Max"}),
+)
+
+
+def test_the_story_examples_get_different_stories_that_honour_them(default_engine):
+    """Every story request the UI offers is one of STORY_EXAMPLES, and the default model
+    answers each at its defaults with its own story, honouring what it asks."""
+    from celeris.evals.corpus import request_text
+    from celeris.evals.longcheck import request_honoured
+    from ui.examples import examples
+
+    built = [request_text(form, values) for form, values in STORY_EXAMPLES]
+    offered = [e["prompt"] for e in examples("playground") if e["chat"]] + \
+        list(examples("chat")) + [examples("race")]
+    stories = [p for p in offered if p.split(":")[0] not in ("sort", "add", "reverse", "max",
+                                                             "count", "copy")]
+    assert sorted(stories) == sorted(text for text, _ in built)
+    params = default_engine.default_params().replace(gen_length=448)
+    outs = default_engine.generate_batch(
+        [[{"role": "user", "content": text}] for text, _ in built], params)
+    texts = [o.text for o in outs]
+    assert len(set(texts)) == len(texts)
+    for (text, asks), out in zip(built, texts):
+        ok, why = request_honoured(out, asks)
+        assert ok, (text, why, out)

@@ -172,9 +172,10 @@ def _header(name: str, kind: str, config: dict[str, Any], log: dict[str, Any],
         ("A tiny masked diffusion language model (LLaDA-style, bidirectional, Dream-style shifted "
          "logits) trained by Celeris itself, offline, on generated data. It is the default model "
          "of the Celeris engine and playground." if kind == "diffusion" else
-         "The autoregressive twin of `celeris-tiny`: same size, same data stream, same "
-         "tokenizer, next-token objective (the shipped `celeris-tiny` starts from these weights "
-         "and adds masked-diffusion training; see its card). A plain `LlamaForCausalLM`: "
+         "The autoregressive twin of the default model `celeris-tiny-bd`: same size, "
+         "tokenizer and corpus, next-token objective. `celeris-tiny-bd` is adapted from the "
+         "last stage of the recipe below (and `celeris-tiny` from an early one); the bench and "
+         "the Race tab race it against them. A plain `LlamaForCausalLM`: "
          "`transformers.AutoModelForCausalLM.from_pretrained` loads it with no Celeris code."),
         "", "## Architecture", "", *_arch(config, log.get("n_params") or report.get("n_params")),
         "", "## Corpus", "",
