@@ -236,7 +236,9 @@ def test_infill_shows_html_in_the_text_as_text(page):
 
 
 # ---------------------------------------------------------------------- issue 17, items 10-15
-PROMPT = "Tell me a story about a brave fox."
+from ui.examples import examples  # noqa: E402
+
+PROMPT = examples("playground")[0]["prompt"]   # the prompt the playground opens with
 COVERED = """(sel) => {
   const t = document.querySelector(sel), r = t.getBoundingClientRect();
   const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);
