@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from celeris import ARBaseline, Engine, GenerationParams
-from celeris.model.packed import OneDNNProducts, PackedWeights, PlainProducts, onednn_available
+from celeris.model.packed import (OneDNNProducts, PackedWeights, PlainProducts, onednn_available,
+                                  onednn_supports)
 from tests.test_bench_fixture import tiny_ar_dir
 from tests.tiny_model import make_tiny_model_dir
 
@@ -75,6 +76,26 @@ def test_packed_logits_equal_the_module_path(engine, products):
     torch.testing.assert_close(got_idx, ref_idx, atol=2e-4, rtol=1e-4)
     gathered = ref.gather(1, index[..., None].expand(-1, -1, ref.shape[-1]))
     torch.testing.assert_close(got_idx, gathered, atol=2e-4, rtol=1e-4)
+
+
+def test_a_bfloat16_model_packs_and_runs_on_a_cpu_without_onednn_bfloat16(tmp_path):
+    """oneDNN's bfloat16 linear needs AVX-512 and raises on an AVX2-only CPU: packing then
+    takes the plain products (a check that fails on either kind of CPU if the choice is
+    wrong: forced oneDNN raises where unsupported)."""
+    model = Engine.from_pretrained(make_tiny_model_dir(tmp_path / "m"), device="cpu").model
+    model = model.to(torch.bfloat16)
+    assert model.pack_for_inference()
+    want = OneDNNProducts if onednn_supports(torch.bfloat16) else PlainProducts
+    assert model._packed.products is want
+    ids = torch.tensor([[5, 9, 3, 11]])
+    got = _logits(model, ids)
+    model.unpack_inference()
+    ref = _logits(model, ids)
+    assert got.dtype == torch.bfloat16 and torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), ref.float(), atol=0.1, rtol=0.05)
+    if not onednn_supports(torch.bfloat16):
+        with pytest.raises(RuntimeError):
+            PackedWeights(model, OneDNNProducts)
 
 
 def test_greedy_tokens_match_the_module_path_alone_and_in_a_padded_batch(engine):

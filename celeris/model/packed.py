@@ -28,6 +28,7 @@ greedy tokens.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -58,6 +59,20 @@ def onednn_available() -> bool:
                     and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
     except (AttributeError, RuntimeError):      # a build without the oneDNN ops
         return False
+
+
+@functools.lru_cache(maxsize=None)
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """Whether this CPU runs oneDNN's linear in ``dtype``: its bfloat16 path needs AVX-512
+    (or AVX-NE-CONVERT) and raises on an AVX2-only CPU, so a tiny product is tried once."""
+    if not onednn_available():
+        return False
+    try:
+        w = OneDNNProducts.prep(torch.zeros(8, 8, dtype=dtype))
+        OneDNNProducts.mm(torch.zeros(1, 8, dtype=dtype), w)
+    except RuntimeError:
+        return False
+    return True
 
 
 ROWS_HINT = 8       # oneDNN's reorder takes a row count to tune for; 1-64 measured alike
@@ -113,8 +128,8 @@ class PackedWeights:
         if self.forced is not None:
             return self.forced
         dtypes = {p.dtype for p in self.model.parameters()}
-        return (OneDNNProducts if onednn_available()
-                and dtypes <= {torch.float32, torch.bfloat16} else PlainProducts)
+        return (OneDNNProducts if dtypes <= {torch.float32, torch.bfloat16}
+                and all(onednn_supports(d) for d in dtypes) else PlainProducts)
 
     def pack(self) -> None:
         self._params = list(self.model.parameters())
