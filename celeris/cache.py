@@ -44,7 +44,18 @@ class SlotKVCache:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.free: list[int] = []
+        self._columns: dict[torch.device, torch.Tensor] = {}
         self._grow(slots)
+
+    def columns(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        """arange(n) as a slice of one tensor per device, made once: a forward needs three,
+        and a fresh arange costs several times a slice on a CPU (host time per step)."""
+        device = torch.device(device or self.device)
+        cols = self._columns.get(device)
+        if cols is None or len(cols) < n:
+            cols = self._columns[device] = torch.arange(max(n, self.max_len + 1),
+                                                        device=device)
+        return cols[:n]
 
     @property
     def capacity(self) -> int:
@@ -139,7 +150,7 @@ class SlotView:
         first = slots[0] if slots else 0
         self._rows = (slice(first, first + len(slots)) if slots == list(
             range(first, first + len(slots))) else torch.tensor(slots, device=dev))
-        col = torch.arange(self.keys, device=dev)
+        col = cache.columns(self.keys, dev)
         self.key_mask = col[None, :] < torch.tensor(ends, device=dev)[:, None]  # (B, Lk)
         self.key_positions = col.expand(self.B, -1)
         # a few runs (batch 1-2): a slice copy each; many: one gather/scatter by index, which

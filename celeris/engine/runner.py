@@ -92,25 +92,24 @@ class Runner:
         logits = self.model(ids, position_ids=pos, kv=view, logits_index=cols).logits
         self.forward_s = time.perf_counter() - start                             # (R, U, V)
         logits = self._guide(logits, reqs, twins)                                # (B, U, V)
-        U = logits.shape[1]
-        unit = ids.gather(1, cols[:len(reqs)])                                   # (B, U)
-        width = torch.tensor(widths[:len(reqs)], device=dev)
-        active = (unit == mask) & (torch.arange(U, device=dev) < width[:, None])
+        B, U = len(reqs), logits.shape[1]
+        unit = ids.gather(1, cols[:B])                                           # (B, U)
+        width_k = torch.tensor([(w, r.schedule[0] if r.schedule else 0)
+                                for r, w in zip(reqs, widths)], device=dev)      # (B, 2)
+        width, k = width_k[:, 0:1], width_k[:, 1]
+        active = (unit == mask) & (self.kv.columns(U, dev) < width)              # (B, U)
         knobs = self.knobs(reqs)
-        x0, conf, p_x0, bad = knobs.choose(logits, active, widths[:len(reqs)])
-        k = torch.tensor([r.schedule[0] if r.schedule else 0 for r in reqs], device=dev)
+        x0, conf, p_x0, bad = knobs.choose(logits, active, widths[:B])
         take = self._greedy_first(reqs, knobs.select(conf, active, k), active)
         if knobs.any_edit:         # committed answer tokens of the unit may be replaced
             first = torch.tensor([max(r.prompt_len - r.lo, 0) for r in reqs], device=dev)
-            col = torch.arange(U, device=dev)
-            editable = ~active & (col < width[:, None]) & (col >= first[:, None])
+            col = self.kv.columns(U, dev)
+            editable = ~active & (col < width) & (col >= first[:, None])
             edit = knobs.edit(x0, p_x0, unit, editable)
             take, conf = take | edit, torch.where(edit, p_x0, conf)
-            active = active | edit
-        new = torch.where(take, x0, unit)
-        conf = torch.where(active, conf, 0.0)
-        host = torch.cat([new.double(), take.double(), conf.double(), bad.double()[:, None]],
-                         dim=1).tolist()                                         # one sync
+        # one sync; commits read a position's token and confidence only where it is taken
+        # (float32 holds every token id below 2**24 exactly)
+        host = torch.cat([x0.float(), take.float(), conf, bad.float()[:, None]], 1).tolist()
         for r, row, w in zip(reqs, host, widths):
             self.layout.after_forward(r)
             if row[-1] > 0:
@@ -124,29 +123,28 @@ class Runner:
         each row's unit width."""
         dev, lens = self.device, [len(row[1]) for row in rows]
         W, R = max(lens), len(rows)
-        n = torch.tensor(lens, device=dev)
-        col = torch.arange(W, device=dev)
-        lead = W - n                                                             # (R,)
+        widths = [r.hi - r.lo for r, *_ in rows]
+        U = max(widths)
+        # per row, one tensor: leading padding, position of column 0, the unit's first column
+        per_row = torch.tensor([(W - m, f - W + m, W - m + r.lo - f)
+                                for (r, _, f, _, _), m in zip(rows, lens)], device=dev)
+        lead, pos0, start = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]   # (R, 1) each
+        col = self.kv.columns(W, dev)
         flat = torch.tensor(list(chain.from_iterable(row[1] for row in rows)),
                             dtype=torch.long, device=dev)
         real = None
         if min(lens) == W:                                                       # no padding
             ids = flat.view(R, W)
         else:
-            real = col[None, :] >= lead[:, None]                                 # (R, W)
+            real = col >= lead                                                   # (R, W)
             ids = torch.full((R, W), self.special.pad, dtype=torch.long, device=dev)
             ids[real] = flat
-        first = torch.tensor([row[2] for row in rows], device=dev)
-        pos = (first[:, None] + col[None, :] - lead[:, None]).clamp_min(0)      # (R, W)
+        pos = (pos0 + col).clamp_min(0)                                          # (R, W)
+        cols = (start + col[:U]).clamp_max(W - 1)                                # (R, U)
         runs = [(b, W - m + q, slot, f + q, m - q)
                 for b, ((_, _, f, q, slot), m) in enumerate(zip(rows, lens))]
         ends = [self.layout.key_end(r, f, m) for (r, _, f, _, _), m in zip(rows, lens)]
         view = self.kv.bind_runs([row[4] for row in rows], ends, runs, real)
-        widths = [r.hi - r.lo for r, *_ in rows]
-        start = torch.tensor([W - m + r.lo - f for (r, _, f, _, _), m in zip(rows, lens)],
-                             device=dev)
-        U = max(widths)
-        cols = (start[:, None] + torch.arange(U, device=dev)).clamp_max(W - 1)  # (R, U)
         return ids, pos, view, cols, widths
 
     def _guide(self, logits: torch.Tensor, reqs: list[Request], twins: list[Request]

@@ -64,9 +64,11 @@ class RowKnobs:
                                   if p.remasking in ("margin", "entropy")}))
         self.groups: dict[str, list] = {}
         for attr, table in (("remasking", CONFIDENCES), ("decoding", SELECTORS)):
-            for name in {getattr(p, attr) for p in params}:
+            for name in sorted({getattr(p, attr) for p in params}):
                 rows = torch.tensor([getattr(p, attr) == name for p in params], device=device)
                 self.groups.setdefault(attr, []).append((table[name], rows[:, None]))
+        # noise only for the rows that sample: the T = 0 rows' temperatures are never read
+        self.sampling = any(p.temperature > 0 for p in params)
 
     def _comparable(self, threshold: torch.Tensor) -> torch.Tensor:
         """The thresholds that ``conf >= t`` compares with: strictly above for a strict
@@ -136,7 +138,7 @@ class RowKnobs:
         """
         # a NaN or inf logit makes its row's sum non-finite: one reduction over the
         # vocabulary instead of a (B, W, V) mask (38% of a step at a 157k vocabulary)
-        finite = torch.isfinite(logits.sum(-1, dtype=torch.float32))             # (B, W)
+        finite = logits.sum(-1, dtype=torch.float32).abs() < float("inf")        # (B, W)
         bad = (~finite & active).any(-1)                                          # (B,)
         logits[..., self.mask_id] = float("-inf")
         if self.any_suppress:
@@ -145,12 +147,14 @@ class RowKnobs:
         if self.any_filter:
             logits = filter_logits(logits, self.top_k, self.top_p)
         B, W, V = logits.shape
-        gens = [g if p.temperature > 0 else None for g, p in zip(self.generators, self.params)]
-        uniform = None
-        if any(g is not None for g in gens):
+        uniform = temperature = None
+        if self.sampling:
+            gens = [g if p.temperature > 0 else None
+                    for g, p in zip(self.generators, self.params)]
             uniform = padded_draws(gens, widths, (V,), 0.5, self.device).view(B * W, V)
-        stats = block_stats(logits.reshape(B * W, V), self.temperature.repeat_interleave(W),
-                            uniform, self.need)                             # (B*W,) each
+            temperature = self.temperature.repeat_interleave(W)
+        stats = block_stats(logits.reshape(B * W, V), temperature, uniform,
+                            self.need)                                      # (B*W,) each
         stats = type(stats)(*(None if t is None else t.view(B, W) for t in stats))
         if len(self.model_rows) and logits.dtype in (torch.bfloat16, torch.float16):
             self.threshold, self.edit_threshold = self._thresholds_in(logits.dtype)
@@ -160,9 +164,7 @@ class RowKnobs:
             gens = [g if p.remasking == "random" else None
                     for g, p in zip(self.generators, self.params)]
             order = padded_draws(gens, widths, (), 0.0, self.device).float()     # (B, W)
-        conf = torch.zeros(stats.x0.shape, dtype=torch.float32, device=self.device)
-        for measure, rows in self.groups["remasking"]:
-            conf = torch.where(rows, measure(stats, order).float(), conf)
+        conf = by_rows(self.groups["remasking"], lambda measure: measure(stats, order).float())
         if self.any_defer:
             is_stop = torch.isin(stats.x0, self.stop_ids)
             conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
@@ -179,8 +181,16 @@ class RowKnobs:
                ) -> torch.Tensor:
         """(B, W) bool: the active positions each row's unmask schedule commits this step."""
         conf = torch.where(active, conf, float("-inf"))
-        transfer = torch.zeros_like(active)
-        for selector, rows in self.groups["decoding"]:
-            chosen = selector(conf, active, k, self.threshold, self.factor)
-            transfer = torch.where(rows, chosen, transfer)
-        return transfer
+        return by_rows(self.groups["decoding"],
+                       lambda selector: selector(conf, active, k, self.threshold, self.factor))
+
+
+def by_rows(groups: list[tuple[object, torch.Tensor]], compute) -> torch.Tensor:
+    """``compute(rule)`` for each rule of a batch, each row taking its own rule's result
+    (``groups``: (rule, (B, 1) rows) pairs; every row is in exactly one). One rule: its result
+    as it is, the common case."""
+    (rule, _), *others = groups
+    out = compute(rule)
+    for rule, rows in others:
+        out = torch.where(rows, compute(rule), out)
+    return out
