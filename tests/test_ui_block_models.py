@@ -70,7 +70,7 @@ def test_every_preset_is_valid_for_a_block_model(size, name, gen_length):
     defaults = bd_defaults(size)
     values = preset_values(name, gen_length, size, defaults)
     params = build_params(defaults, dict(zip(FIELDS, values + [0])))
-    check_block_params(params, size, None)              # what the engine asks of a request
+    check_block_params(params, size)              # what the engine asks of a request
     assert params.gen_length == gen_length              # a cap: kept as the user set it
     assert params.block_length == (1 if name == "story" else size)
     if name == "fast":                                  # the model's own threshold and cache
@@ -92,7 +92,7 @@ def test_fast_keeps_a_sub_block_default_and_full_attention_presets_are_unchanged
 def test_chat_presets_are_valid_for_a_block_model(size, name):
     defaults = bd_defaults(size)
     params = defaults.replace(gen_length=48, **_preset(name, 48, size, defaults))
-    check_block_params(params, size, None)
+    check_block_params(params, size)
     assert "steps" not in _preset(name, 48, size, defaults)
     full = {k: v for k, v in PRESETS[name].items() if k != "steps"}   # full attention: as
     assert _preset(name, 16) == {**full, "block_length": min(full["block_length"], 16)}  # before

@@ -137,13 +137,11 @@ def memory_info(device: torch.device) -> dict[str, Any]:
     return {"memory_kind": "rss", "memory_bytes": rss}
 
 
-def check_block_params(params: GenerationParams, block_size: int, canvas: Any = None) -> None:
+def check_block_params(params: GenerationParams, block_size: int) -> None:
     """What a block-causal model needs of a request beyond GenerationParams' own checks."""
     if block_size % params.block_length:
         divisors = [d for d in range(1, block_size + 1) if block_size % d == 0]
         raise ValueError(f"block_length must divide the model's block size {block_size} "
                          f"(one of {', '.join(map(str, divisors))}), got {params.block_length}")
-    if canvas is not None:
-        raise ValueError(infill_refusal("this model"))
     if params.cfg_scale > 0:
         raise ValueError("cfg_scale > 0 is not supported for block-causal models")

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from ..cache import SlotKVCache
 from ..model.diffusion_gemma import SAMPLER_DEFAULTS, GemmaCache
+from .families import infill_refusal
 from .request import NonFiniteLogitsError, Request
 
 
@@ -128,8 +129,10 @@ class GemmaLayout:
             canvas[j] = st.draft[j + P - req.lo]
         req.pending = replace(ev, canvas=tuple(canvas), draft=draft)
 
-    def check(self, params: Any) -> None:
+    def check(self, params: Any, canvas: Any = None, model: str = "DiffusionGemma") -> None:
         """What DiffusionGemma's sampler cannot honour, refused with the field named."""
+        if canvas is not None:
+            raise ValueError(infill_refusal(model))
         L = self.block_size
         if params.block_length != L:
             raise ValueError(f"block_length must be the model's canvas_length ({L}) for "

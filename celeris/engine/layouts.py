@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..sampler.policies import linear_schedule
-from .families import check_block_params
+from .families import check_block_params, infill_refusal
 from .gemma_layout import GemmaLayout
 from .request import Request
 
@@ -38,7 +38,7 @@ Window = tuple[list[int], int, bool]   # (tokens, first position, first column q
 
 
 class CanvasLayout:
-    block_causal = False
+    block_causal, block_size = False, None
     caches = ("none", "prefix", "dual")
     strict_threshold = False             # Fast-dLLM v1's LLaDA code: confidence >= threshold
 
@@ -85,6 +85,15 @@ class CanvasLayout:
 
     def after_forward(self, req: Request) -> None:
         req.fresh = False
+
+    def check(self, params: Any, canvas: Any, model: str) -> None:
+        if params.edits:
+            raise ValueError("edit_threshold: token editing needs a block-causal model "
+                             f"(LLaDA2.1, SDAR, celeris-tiny-bd); {model} denoises a "
+                             "full-attention canvas")
+        if canvas is not None and len(canvas) != params.canvas_length:
+            raise ValueError(f"canvas has {len(canvas)} positions but gen_length "
+                             f"{params.gen_length} needs {params.canvas_length}")
 
     def advance(self, req: Request) -> None:
         if self.mask not in req.seq[req.lo:req.hi]:
@@ -154,7 +163,9 @@ class BlockLayout:
         elif self.mask not in req.seq[req.lo:req.hi]:
             self._plan_sub_block(req)
 
-    def check(self, params: Any) -> None:
+    def check(self, params: Any, canvas: Any = None, model: str = "this model") -> None:
+        if canvas is not None:
+            raise ValueError(infill_refusal(model))
         check_block_params(params, self.block_size)
 
 

@@ -55,7 +55,7 @@ class Engine:
                            and model.pack_for_inference())
         self.special = tokenizer.special
         self.layout = layout_for(model.config, self.special.mask)
-        self.block_causal = self.layout.block_causal
+        self.block_causal = self.layout.block_causal     # the server and bench read it
         self._defaults = family_defaults(self.layout, getattr(model.config, "family", None),
                                          generation_defaults or {})
         self.scheduler = Scheduler(self.config)
@@ -92,7 +92,7 @@ class Engine:
     @property
     def block_size(self) -> int | None:
         """A block-causal model's block size (from its config); None for full attention."""
-        return self.layout.block_size if self.block_causal else None
+        return self.layout.block_size
 
     @property
     def _kv(self) -> Any:
@@ -174,17 +174,7 @@ class Engine:
             raise ContextLengthError(len(ids), params.gen_length, limit)
         if len(ids) > self.config.max_prompt_tokens:
             raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
-        if self.block_causal:
-            if canvas is not None:
-                raise ValueError(infill_refusal(self.model_dir.name))
-            self.layout.check(params)
-        elif params.edits:
-            raise ValueError("edit_threshold: token editing needs a block-causal model "
-                             f"(LLaDA2.1, SDAR, celeris-tiny-bd); {self.model_dir.name} "
-                             "denoises a full-attention canvas")
-        elif canvas is not None and len(canvas) != params.canvas_length:
-            raise ValueError(f"canvas has {len(canvas)} positions but gen_length "
-                             f"{params.gen_length} needs {params.canvas_length}")
+        self.layout.check(params, canvas, self.model_dir.name)   # what the family refuses
         seed = params.seed if params.seed is not None else secrets.randbits(62)
         return Request(request_id or new_request_id(), tuple(ids), params, seed,
                        None if canvas is None else tuple(canvas), decode=self.tokenizer.decode)
