@@ -108,8 +108,8 @@ class Runner:
             edit = knobs.edit(x0, p_x0, unit, editable)
             take, conf = take | edit, torch.where(edit, p_x0, conf)
         # one sync; commits read a position's token and confidence only where it is taken
-        # (float32 holds every token id below 2**24 exactly)
-        host = torch.cat([x0.float(), take.float(), conf, bad.float()[:, None]], 1).tolist()
+        # (cat promotes to conf's float32, which holds every token id below 2**24 exactly)
+        host = torch.cat([x0, take, conf, bad[:, None]], 1).tolist()
         for r, row, w in zip(reqs, host, widths):
             self.layout.after_forward(r)
             if row[-1] > 0:
