@@ -50,7 +50,7 @@ class SlotKVCache:
     def columns(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         """arange(n) as a slice of one tensor per device, made once: a forward needs three,
         and a fresh arange costs several times a slice on a CPU (host time per step)."""
-        device = torch.device(device or self.device)
+        device = device or self.device
         cols = self._columns.get(device)
         if cols is None or len(cols) < n:
             cols = self._columns[device] = torch.arange(max(n, self.max_len + 1),
@@ -151,7 +151,9 @@ class SlotView:
         self._rows = (slice(first, first + len(slots)) if slots == list(
             range(first, first + len(slots))) else torch.tensor(slots, device=dev))
         col = cache.columns(self.keys, dev)
-        self.key_mask = col[None, :] < torch.tensor(ends, device=dev)[:, None]  # (B, Lk)
+        # None when every row reaches Lk (always at batch 1): no mask to build or apply
+        self.key_mask = None if min(ends, default=0) == self.keys else \
+            col[None, :] < torch.tensor(ends, device=dev)[:, None]             # (B, Lk)
         self.key_positions = col.expand(self.B, -1)
         # a few runs (batch 1-2): a slice copy each; many: one gather/scatter by index, which
         # keeps the kernel count of a large batch on a GPU flat
@@ -215,10 +217,14 @@ def write_runs(writes: list[tuple[int, int, int, int]]) -> list[tuple[int, int, 
 def run_index(runs: list[tuple[int, int, int, int, int]], device: torch.device
               ) -> tuple[torch.Tensor, ...]:
     """The (row, column, slot, position) index tensors, (N,) each, of every write in
-    ``runs``, built with tensor operations (no loop over positions)."""
-    r = torch.tensor(runs, device=device).T                                      # (5, R)
-    n = r[4]
-    offset = torch.arange(sum(run[4] for run in runs), device=device) - \
-        (n.cumsum(0) - n).repeat_interleave(n)                                   # (N,)
-    row, col, slot, pos = (t.repeat_interleave(n) for t in r[:4])
-    return row, col + offset, slot, pos + offset
+    ``runs``, built with tensor operations (no loop over positions): each run's numbers,
+    its column and position counted from the run's first write, repeated once per write,
+    plus the write's number."""
+    base, first = [], 0
+    for row, col, slot, pos, n in runs:
+        base.append((row, col - first, slot, pos - first, n))
+        first += n
+    r = torch.tensor(base, device=device)                                       # (R, 5)
+    each = r[:, :4].repeat_interleave(r[:, 4], dim=0, output_size=first)        # (N, 4)
+    each[:, 1::2] += torch.arange(first, device=device)[:, None]
+    return tuple(each.unbind(1))

@@ -35,7 +35,7 @@ def step(logits: torch.Tensor, confidence_dtype: str, strict: bool, k: int = 1, 
     params = [GenerationParams(confidence_dtype=confidence_dtype, **knobs)] * B
     rk = RowKnobs(params, [None] * B, UNIT_MASK, (), torch.device("cpu"), strict)
     active = torch.ones(B, W, dtype=torch.bool)
-    x0, conf, _, _ = rk.choose(logits.clone(), active, [W] * B)
+    x0, conf, _, _ = rk.choose(logits.clone(), [W] * B)
     return x0, conf, rk.select(conf, active, torch.full((B,), k))
 
 
@@ -136,7 +136,7 @@ def test_float32_rows_are_bit_for_bit_unchanged_beside_model_rows():
         params = [GenerationParams(confidence_dtype=d, **kw) for d, kw in zip(dtypes, kinds)]
         gens = [torch.Generator().manual_seed(i) for i in range(4)]
         rk = RowKnobs(params, gens, UNIT_MASK, (), torch.device("cpu"), True)
-        x0, conf, p_x0, _ = rk.choose(logits.clone(), active, [6] * 4)
+        x0, conf, p_x0, _ = rk.choose(logits.clone(), [6] * 4)
         return x0, conf, p_x0, rk.select(conf, active, k)
 
     alone_f32, alone_model = run(["float32"] * 4), run(["model"] * 4)

@@ -81,6 +81,22 @@ def test_launcher_rejects_bad_shapes_and_dtypes():
         block_stats_triton(torch.zeros(2, 3), torch.ones(2), torch.rand(2, 3))
 
 
+def test_the_kernel_runs_over_a_batch_of_units_as_the_twin_does():
+    """The engine hands (B, W, V) logits and a (B, 1) temperature to ``block_stats``; on
+    CUDA the kernel sees them as (B*W, V) rows and its statistics come back (B, W)."""
+    from celeris.kernels import over_rows
+    logits = _logits(12, 300, seed=4).view(3, 4, 300)
+    uniform = torch.rand(3, 4, 300, generator=torch.Generator().manual_seed(1),
+                         dtype=torch.float64)
+    temperature = torch.tensor([[0.0], [0.8], [1.5]], dtype=torch.float64)
+    got = over_rows(block_stats_triton, logits, temperature, uniform)
+    want = block_stats_reference(logits, temperature, uniform)
+    assert got.x0.shape == (3, 4) and want.p_x0.shape == (3, 4)
+    _close(got, want)
+    assert torch.equal(got.x0[0], logits[0].argmax(-1))        # the T = 0 row is greedy
+    assert not torch.equal(got.x0[2], logits[2].argmax(-1))    # T = 1.5 samples
+
+
 def test_dispatch_uses_the_twin_on_cpu(monkeypatch):
     import celeris.kernels.triton_block_stats as k
     monkeypatch.setattr(k, "block_stats_triton", lambda *a, **kw: pytest.fail("Triton on CPU"))

@@ -11,6 +11,7 @@ from the windows; the step's one host sync returns the committed tokens and conf
 
 from __future__ import annotations
 
+import math
 import time
 from itertools import chain
 from typing import Any, Sequence
@@ -87,19 +88,19 @@ class Runner:
         twins = [r for r in reqs if r.uncond_slot >= 0]
         rows += [(r, [mask] * r.prompt_len + r.seq[r.prompt_len:], 0, False, r.uncond_slot)
                  for r in twins]                     # CFG: cache "none", the whole sequence
-        ids, pos, view, cols, widths = self._inputs(rows)
+        ids, pos, view, cols, widths, width, k = self._inputs(rows)
         start = time.perf_counter()
         logits = self.model(ids, position_ids=pos, kv=view, logits_index=cols).logits
         self.forward_s = time.perf_counter() - start                             # (R, U, V)
         logits = self._guide(logits, reqs, twins)                                # (B, U, V)
         B, U = len(reqs), logits.shape[1]
-        unit = ids.gather(1, cols[:B])                                           # (B, U)
-        width_k = torch.tensor([(w, r.schedule[0] if r.schedule else 0)
-                                for r, w in zip(reqs, widths)], device=dev)      # (B, 2)
-        width, k = width_k[:, 0:1], width_k[:, 1]
+        unit_cols = cols
+        if twins:                        # the CFG twins' rows commit nothing themselves
+            unit_cols, width, k = cols[:B], width[:B], k[:B]
+        unit = ids.gather(1, unit_cols)                                          # (B, U)
         active = (unit == mask) & (self.kv.columns(U, dev) < width)              # (B, U)
         knobs = self.knobs(reqs)
-        x0, conf, p_x0, bad = knobs.choose(logits, active, widths[:B])
+        x0, conf, p_x0, check = knobs.choose(logits, widths[:B])
         take = self._greedy_first(reqs, knobs.select(conf, active, k), active)
         if knobs.any_edit:         # committed answer tokens of the unit may be replaced
             first = torch.tensor([max(r.prompt_len - r.lo, 0) for r in reqs], device=dev)
@@ -109,43 +110,48 @@ class Runner:
             take, conf = take | edit, torch.where(edit, p_x0, conf)
         # one sync; commits read a position's token and confidence only where it is taken
         # (cat promotes to conf's float32, which holds every token id below 2**24 exactly)
-        host = torch.cat([x0, take, conf, bad[:, None]], 1).tolist()
+        host = torch.cat([x0, take, conf, check[:, None]], 1).tolist()
         for r, row, w in zip(reqs, host, widths):
             self.layout.after_forward(r)
-            if row[-1] > 0:
+            if not math.isfinite(row[-1]):
                 r.failure = NonFiniteLogitsError([r.request_id])
                 continue
             r.nfe += 2 if r.uncond_slot >= 0 else 1
             r.commit(row[:w], row[U:U + w], row[2 * U:2 * U + w], mask, self.special.stop)
 
     def _inputs(self, rows: list[tuple]):
-        """Left-padded ids and positions (R, W), the KV view, the unit columns (R, U) and
-        each row's unit width."""
+        """Left-padded ids and positions (R, W), the KV view, the unit columns (R, U), each
+        row's unit width (a list, and (R, 1)) and this step's commit count (R, 1)."""
         dev, lens = self.device, [len(row[1]) for row in rows]
         W, R = max(lens), len(rows)
         widths = [r.hi - r.lo for r, *_ in rows]
         U = max(widths)
-        # per row, one tensor: leading padding, position of column 0, the unit's first column
-        per_row = torch.tensor([(W - m, f - W + m, W - m + r.lo - f)
-                                for (r, _, f, _, _), m in zip(rows, lens)], device=dev)
-        lead, pos0, start = per_row[:, 0:1], per_row[:, 1:2], per_row[:, 2:3]   # (R, 1) each
+        # per row, one tensor: leading padding, position of column 0, the unit's first
+        # column, its width, the step's commit count
+        numbers = zip(*[(W - m, f - W + m, W - m + r.lo - f, r.hi - r.lo,
+                         r.schedule[0] if r.schedule else 0)
+                        for (r, _, f, _, _), m in zip(rows, lens)])
+        lead, pos0, start, width, k = torch.tensor(list(numbers), device=dev)[..., None]
         col = self.kv.columns(W, dev)
-        flat = torch.tensor(list(chain.from_iterable(row[1] for row in rows)),
-                            dtype=torch.long, device=dev)
         real = None
         if min(lens) == W:                                                       # no padding
-            ids = flat.view(R, W)
+            ids = torch.tensor([row[1] for row in rows], dtype=torch.long, device=dev)
+            pos = pos0 + col                                                     # (R, W)
         else:
+            flat = torch.tensor(list(chain.from_iterable(row[1] for row in rows)),
+                                dtype=torch.long, device=dev)
             real = col >= lead                                                   # (R, W)
             ids = torch.full((R, W), self.special.pad, dtype=torch.long, device=dev)
             ids[real] = flat
-        pos = (pos0 + col).clamp_min(0)                                          # (R, W)
-        cols = (start + col[:U]).clamp_max(W - 1)                                # (R, U)
+            pos = (pos0 + col).clamp_min(0)                                      # (R, W)
+        cols = start + col[:U]                                                   # (R, U)
+        if min(widths) < U:        # a narrower unit's columns may run past its window
+            cols = cols.clamp_max(W - 1)
         runs = [(b, W - m + q, slot, f + q, m - q)
                 for b, ((_, _, f, q, slot), m) in enumerate(zip(rows, lens))]
         ends = [self.layout.key_end(r, f, m) for (r, _, f, _, _), m in zip(rows, lens)]
         view = self.kv.bind_runs([row[4] for row in rows], ends, runs, real)
-        return ids, pos, view, cols, widths
+        return ids, pos, view, cols, widths, width, k
 
     def _guide(self, logits: torch.Tensor, reqs: list[Request], twins: list[Request]
                ) -> torch.Tensor:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import functools
 import os
 
+from typing import Any
+
 import torch
 
 from .kv_write_reference import write_kv_reference
@@ -77,13 +79,25 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_store: torch.Tensor, v_store: t
 def block_stats(logits: torch.Tensor, temperature: torch.Tensor | None = None,
                 uniform: torch.Tensor | None = None,
                 need: tuple[str, ...] = ALL_STATS) -> BlockStats:
-    """Per row of (N, V) logits: chosen token, its probability, margin and neg-entropy
-    (the torch twin computes only the ``need``ed ones; the kernel all in one pass)."""
+    """Per row of (..., V) logits (temperature and uniform shaped alike): chosen token, its
+    probability, margin and neg-entropy, each (...) (the torch twin computes only the
+    ``need``ed ones; the kernel all in one pass, over (N, V) rows)."""
     if (logits.is_cuda and os.environ.get("CELERIS_KERNELS", "auto") != "torch"
             and triton_available()):
         from .triton_block_stats import block_stats_triton
-        return block_stats_triton(logits, temperature, uniform)
+        return over_rows(block_stats_triton, logits, temperature, uniform)
     return block_stats_reference(logits, temperature, uniform, need)
+
+
+def over_rows(kernel: Any, logits: torch.Tensor, temperature: torch.Tensor | None,
+              uniform: torch.Tensor | None) -> BlockStats:
+    """A kernel over (N, V) rows applied to (..., V) logits, its statistics shaped (...)."""
+    lead, V = logits.shape[:-1], logits.shape[-1]
+    if temperature is not None and uniform is not None:
+        temperature = temperature.expand(lead).reshape(-1)
+        uniform = uniform.reshape(-1, V)
+    stats = kernel(logits.reshape(-1, V), temperature, uniform)
+    return BlockStats(*(None if t is None else t.view(lead) for t in stats))
 
 
 __all__ = ["BlockStats", "block_stats", "block_stats_reference", "fused_kernels",

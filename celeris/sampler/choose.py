@@ -83,6 +83,7 @@ class RowKnobs:
         built once (choose needs no host sync to find them), and the thresholds as given."""
         rows = [i for i, p in enumerate(params) if p.confidence_dtype == "model"]
         self.model_rows = torch.tensor(rows, dtype=torch.long, device=device)     # (M,)
+        self.any_model = bool(rows)
         self.model_greedy = self.temperature[self.model_rows] == 0                # (M,)
         self.model_need = {getattr(CONFIDENCES[params[i].remasking], "stat", None)
                            for i in rows}
@@ -126,20 +127,19 @@ class RowKnobs:
             new["negentropy"] = stats.negentropy.index_copy(0, idx, negentropy)
         return stats._replace(**new)
 
-    def choose(self, logits: torch.Tensor, active: torch.Tensor, widths: list[int]
+    def choose(self, logits: torch.Tensor, widths: list[int]
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x0 (B, W), confidence (B, W), x0's probability (B, W) and a (B,) flag for rows
-        whose logits at an active position are not finite, from logits (B, W, V); row b's
+        """x0 (B, W), confidence (B, W), x0's probability (B, W) and a (B,) check, not
+        finite exactly for the rows whose logits are not, from logits (B, W, V); row b's
         unit is its first ``widths[b]`` columns (its noise is drawn for those only).
 
         The mask token itself is never a prediction: a committed [MASK] would stay masked.
         With model-dtype rows and bfloat16/float16 logits, this also sets ``threshold`` and
         ``edit_threshold`` to those rows' thresholds in that dtype, for ``select`` and ``edit``.
         """
-        # a NaN or inf logit makes its row's sum non-finite: one reduction over the
-        # vocabulary instead of a (B, W, V) mask (38% of a step at a 157k vocabulary)
-        finite = logits.sum(-1, dtype=torch.float32).abs() < float("inf")        # (B, W)
-        bad = (~finite & active).any(-1)                                          # (B,)
+        # a NaN or inf logit makes its row's sum non-finite: one reduction instead of a
+        # (B, W, V) mask (38% of a step at a 157k vocabulary)
+        check = logits.sum((1, 2), dtype=torch.float32)                           # (B,)
         logits[..., self.mask_id] = float("-inf")
         if self.any_suppress:
             stop_logits = logits[..., self.stop_ids]
@@ -151,12 +151,10 @@ class RowKnobs:
         if self.sampling:
             gens = [g if p.temperature > 0 else None
                     for g, p in zip(self.generators, self.params)]
-            uniform = padded_draws(gens, widths, (V,), 0.5, self.device).view(B * W, V)
-            temperature = self.temperature.repeat_interleave(W)
-        stats = block_stats(logits.reshape(B * W, V), temperature, uniform,
-                            self.need)                                      # (B*W,) each
-        stats = type(stats)(*(None if t is None else t.view(B, W) for t in stats))
-        if len(self.model_rows) and logits.dtype in (torch.bfloat16, torch.float16):
+            uniform = padded_draws(gens, widths, (V,), 0.5, self.device)          # (B, W, V)
+            temperature = self.temperature[:, None]                               # (B, 1)
+        stats = block_stats(logits, temperature, uniform, self.need)              # (B, W) each
+        if self.any_model and logits.dtype in (torch.bfloat16, torch.float16):
             self.threshold, self.edit_threshold = self._thresholds_in(logits.dtype)
             stats = self._in_model_dtype(logits, stats)
         order = None
@@ -164,11 +162,11 @@ class RowKnobs:
             gens = [g if p.remasking == "random" else None
                     for g, p in zip(self.generators, self.params)]
             order = padded_draws(gens, widths, (), 0.0, self.device).float()     # (B, W)
-        conf = by_rows(self.groups["remasking"], lambda measure: measure(stats, order).float())
+        conf = by_rows(self.groups["remasking"], lambda measure: measure(stats, order))
         if self.any_defer:
             is_stop = torch.isin(stats.x0, self.stop_ids)
             conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
-        return stats.x0, conf, stats.p_x0, bad
+        return stats.x0, conf, stats.p_x0, check
 
     def edit(self, x0: torch.Tensor, p_x0: torch.Tensor, tokens: torch.Tensor,
              editable: torch.Tensor) -> torch.Tensor:
@@ -180,7 +178,6 @@ class RowKnobs:
     def select(self, conf: torch.Tensor, active: torch.Tensor, k: torch.Tensor
                ) -> torch.Tensor:
         """(B, W) bool: the active positions each row's unmask schedule commits this step."""
-        conf = torch.where(active, conf, float("-inf"))
         return by_rows(self.groups["decoding"],
                        lambda selector: selector(conf, active, k, self.threshold, self.factor))
 

@@ -59,8 +59,10 @@ class Selector(Protocol):
                  threshold: torch.Tensor, factor: torch.Tensor) -> torch.Tensor: ...
 
 
-def _ranks(conf: torch.Tensor) -> torch.Tensor:
-    """Rank of each position by descending confidence within its row (0 = most confident)."""
+def _ranks(conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """Rank of each position by descending confidence within its row (0 = most confident),
+    the masked positions first."""
+    conf = torch.where(masked, conf, NEG_INF)
     order = conf.argsort(dim=-1, descending=True, stable=True)                  # (B, W)
     return torch.empty_like(order).scatter_(-1, order, torch.arange(
         conf.shape[-1], device=conf.device).expand_as(order))
@@ -70,7 +72,7 @@ class FixedCount:
     """The reference schedule: commit exactly k[b] positions, the most confident ones."""
 
     def __call__(self, conf, masked, k, threshold, factor):
-        return (_ranks(conf) < k[:, None]) & masked
+        return (_ranks(conf, masked) < k.view(-1, 1)) & masked
 
 
 class ConfidenceThreshold:
@@ -78,7 +80,7 @@ class ConfidenceThreshold:
     position whose confidence >= threshold, and at least the most confident one."""
 
     def __call__(self, conf, masked, k, threshold, factor):
-        best = (_ranks(conf) == 0) & masked.any(-1, keepdim=True)
+        best = (_ranks(conf, masked) == 0) & masked.any(-1, keepdim=True)
         return ((conf >= threshold[:, None]) & masked) | best
 
 
@@ -87,7 +89,7 @@ class ConfidenceFactor:
     for the largest n with (n + 1) * (1 - c_n) < factor, and at least one."""
 
     def __call__(self, conf, masked, k, threshold, factor):
-        rank = _ranks(conf)                                                     # (B, W)
+        rank = _ranks(conf, masked)                                             # (B, W)
         ok = ((rank + 2) * (1.0 - conf) < factor[:, None]) & masked
         # (n+1)(1-c_n) grows with n, so the admissible set is a prefix of the ranking
         n = ok.sum(-1, keepdim=True).clamp_min(1)
@@ -109,8 +111,8 @@ class LeftToRightThreshold:
 
     def __call__(self, conf, masked, k, threshold, factor):
         below = masked & (conf < threshold[:, None])
-        run = masked & (below.int().cumsum(-1) == 0)          # masked, before the first miss
-        first = masked & (masked.int().cumsum(-1) == 1)       # the leftmost masked position
+        run = masked & (below.cumsum(-1) == 0)          # masked, before the first miss
+        first = masked & (masked.cumsum(-1) == 1)       # the leftmost masked position
         return run | first
 
 
@@ -126,7 +128,7 @@ class ThresholdOrCount:
 
     def __call__(self, conf, masked, k, threshold, factor):
         above = conf >= threshold[:, None]                                     # (B, W)
-        top_k = _ranks(conf) < k[:, None]                                      # (B, W)
+        top_k = _ranks(conf, masked) < k.view(-1, 1)                              # (B, W)
         return (above | top_k) & masked
 
 
