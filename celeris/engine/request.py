@@ -126,10 +126,11 @@ class Request:
                mask: int, stop: Sequence[int]) -> None:
         """Write this step's tokens (``take`` over the unit [lo, lo + len(take))): masked
         positions committed and, with token editing, committed ones replaced."""
-        lo, P, seq = self.lo, self.prompt_len, self.seq
+        lo, P, seq, editing = self.lo, self.prompt_len, self.seq, self.params.edits
         picked = [j for j, t in enumerate(take) if t]
-        had_masks = mask in seq[lo:self.hi]
-        edits = [lo + j for j in picked if seq[lo + j] != mask]
+        had_masks = editing and mask in seq[lo:self.hi]
+        # without token editing only masked positions are taken
+        edits = [lo + j for j in picked if seq[lo + j] != mask] if editing else []
         for j in picked:
             seq[lo + j] = int(ids[j])
         self.committed = tuple(lo + j - P for j in picked)
@@ -139,7 +140,7 @@ class Request:
         self.step += 1
         if self.schedule:
             self.schedule.pop(0)
-        if self.params.edits:
+        if editing:
             self.post_edits += not had_masks
             self.settling = mask in seq[lo:self.hi] or \
                 (bool(picked) and self.post_edits < self.params.max_post_edit_steps)

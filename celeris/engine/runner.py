@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..cache import SlotKVCache
+from ..cache import SlotKVCache, long_tensor
 from ..model.dispatch import layer_devices, main_device
 from ..sampler.choose import RowKnobs
 from .request import NonFiniteLogitsError, Request
@@ -131,15 +131,15 @@ class Runner:
         numbers = zip(*[(W - m, f - W + m, W - m + r.lo - f, r.hi - r.lo,
                          r.schedule[0] if r.schedule else 0)
                         for (r, _, f, _, _), m in zip(rows, lens)])
-        lead, pos0, start, width, k = torch.tensor(list(numbers), device=dev)[..., None]
+        lead, pos0, start, width, k = long_tensor(chain.from_iterable(numbers), dev).view(
+            5, R, 1)                                                             # (R, 1) each
         col = self.kv.columns(W, dev)
         real = None
+        flat = long_tensor(chain.from_iterable(row[1] for row in rows), dev)
         if min(lens) == W:                                                       # no padding
-            ids = torch.tensor([row[1] for row in rows], dtype=torch.long, device=dev)
+            ids = flat.view(R, W)
             pos = pos0 + col                                                     # (R, W)
         else:
-            flat = torch.tensor(list(chain.from_iterable(row[1] for row in rows)),
-                                dtype=torch.long, device=dev)
             real = col >= lead                                                   # (R, W)
             ids = torch.full((R, W), self.special.pad, dtype=torch.long, device=dev)
             ids[real] = flat
