@@ -42,7 +42,7 @@ class RowKnobs:
 
         def f(name, dt):
             return torch.tensor([getattr(p, name) for p in params], dtype=dt, device=device)
-        self.temperature, self.cfg = f("temperature", torch.float64), f("cfg_scale", torch.float32)
+        self.temperature = f("temperature", torch.float64)
         self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
         self.factor = f("factor", torch.float32)
         self.strict = strict_threshold
@@ -50,7 +50,6 @@ class RowKnobs:
         self.threshold = self._comparable(threshold)
         self.suppress = f("suppress_eos", torch.bool)[:, None, None]
         self.defer = f("defer_eos", torch.bool)[:, None]
-        self.any_cfg = any(p.cfg_scale > 0 for p in params)
         self.any_filter = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
         self.any_suppress = any(p.suppress_eos for p in params)
         self.any_defer = any(p.defer_eos for p in params)
