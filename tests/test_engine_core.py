@@ -80,10 +80,12 @@ def canvas_model():
 def _mixed(block: bool):
     P = celeris.GenerationParams
     common = dict(cache="prefix") if block else {}
-    return [P(gen_length=16, block_length=8 if block else 8, temperature=0.8, **common),
-            P(gen_length=20, block_length=4, decoding="threshold", threshold=0.2, **common),
+    return [P(gen_length=16, block_length=8 if block else 8, temperature=0.8, top_p=0.9,
+              **common),
+            P(gen_length=20, block_length=4, decoding="threshold", threshold=0.2,
+              suppress_eos=True, **common),
             P(gen_length=12, block_length=2, decoding="ltr", threshold=0.5,
-              remasking="margin", **common),
+              remasking="margin", defer_eos=True, **common),
             P(gen_length=16, block_length=8, decoding="factor", factor=2.0, top_k=5,
               temperature=0.5, cache="none")]
 

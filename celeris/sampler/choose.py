@@ -42,17 +42,22 @@ class RowKnobs:
 
         def f(name, dt):
             return torch.tensor([getattr(p, name) for p in params], dtype=dt, device=device)
-        self.temperature = f("temperature", torch.float64)
-        self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
-        self.factor = f("factor", torch.float32)
-        self.strict = strict_threshold
-        threshold = f("threshold", torch.float32)
-        self.threshold = self._comparable(threshold)
-        self.suppress = f("suppress_eos", torch.bool)[:, None, None]
-        self.defer = f("defer_eos", torch.bool)[:, None]
+        # a knob no row uses is not built (a batch's knobs are rebuilt whenever it changes)
         self.any_filter = any(p.top_k > 0 or p.top_p < 1.0 for p in params)
         self.any_suppress = any(p.suppress_eos for p in params)
         self.any_defer = any(p.defer_eos for p in params)
+        self.temperature = f("temperature", torch.float64)
+        if self.any_filter:
+            self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
+        self.factor = f("factor", torch.float32) if any(
+            p.decoding == "factor" for p in params) else None
+        self.strict = strict_threshold
+        threshold = f("threshold", torch.float32)
+        self.threshold = self._comparable(threshold)
+        if self.any_suppress:
+            self.suppress = f("suppress_eos", torch.bool)[:, None, None]
+        if self.any_defer:
+            self.defer = f("defer_eos", torch.bool)[:, None]
         self.any_random = any(p.remasking == "random" for p in params)
         self.any_edit = any(p.edits for p in params)
         self.edit_threshold = torch.tensor([p.edit_threshold if p.edits else 2.0
@@ -63,9 +68,10 @@ class RowKnobs:
                                   if p.remasking in ("margin", "entropy")}))
         self.groups: dict[str, list] = {}
         for attr, table in (("remasking", CONFIDENCES), ("decoding", SELECTORS)):
-            for name in sorted({getattr(p, attr) for p in params}):
-                rows = torch.tensor([getattr(p, attr) == name for p in params], device=device)
-                self.groups.setdefault(attr, []).append((table[name], rows[:, None]))
+            for i, name in enumerate(sorted({getattr(p, attr) for p in params})):
+                rows = None if i == 0 else torch.tensor(      # the first rule: every other row
+                    [getattr(p, attr) == name for p in params], device=device)[:, None]
+                self.groups.setdefault(attr, []).append((table[name], rows))
         # noise only for the rows that sample: the T = 0 rows' temperatures are never read
         self.sampling = any(p.temperature > 0 for p in params)
 
@@ -83,7 +89,7 @@ class RowKnobs:
         rows = [i for i, p in enumerate(params) if p.confidence_dtype == "model"]
         self.model_rows = torch.tensor(rows, dtype=torch.long, device=device)     # (M,)
         self.any_model = bool(rows)
-        self.model_greedy = self.temperature[self.model_rows] == 0                # (M,)
+        self.model_greedy = self.temperature[self.model_rows] == 0 if rows else None  # (M,)
         self.model_need = {getattr(CONFIDENCES[params[i].remasking], "stat", None)
                            for i in rows}
         self._as_given = threshold, self.edit_threshold
@@ -183,8 +189,8 @@ class RowKnobs:
 
 def by_rows(groups: list[tuple[object, torch.Tensor]], compute) -> torch.Tensor:
     """``compute(rule)`` for each rule of a batch, each row taking its own rule's result
-    (``groups``: (rule, (B, 1) rows) pairs; every row is in exactly one). One rule: its result
-    as it is, the common case."""
+    (``groups``: (rule, (B, 1) rows) pairs; every row is in exactly one; the first rule's rows,
+    None, are those no other rule takes). One rule: its result as it is, the common case."""
     (rule, _), *others = groups
     out = compute(rule)
     for rule, rows in others:
