@@ -39,8 +39,9 @@ class KVView(Protocol):
 
     ``update`` receives the fresh keys/values of the positions in this forward, (B, Hkv, W, D),
     and returns the full keys/values to attend to, (B, Hkv, Lk, D). ``key_mask`` is (B, Lk) bool,
-    True for real (attendable) positions (None: every key is real). ``key_positions`` (B, Lk), the absolute position of
-    each key, is needed by block-causal models (None: the keys are the forward's own positions).
+    True for real (attendable) positions (None: every key is real). ``key_positions`` (B, Lk),
+    the absolute position of each key, is needed by block-causal models (None: the keys are the
+    forward's own positions).
     """
 
     key_mask: torch.Tensor | None

@@ -47,17 +47,16 @@ class RowKnobs:
         self.any_suppress = any(p.suppress_eos for p in params)
         self.any_defer = any(p.defer_eos for p in params)
         self.temperature = f("temperature", torch.float64)
-        if self.any_filter:
-            self.top_k, self.top_p = f("top_k", torch.long), f("top_p", torch.float32)
+        self.top_k = f("top_k", torch.long) if self.any_filter else None
+        self.top_p = f("top_p", torch.float32) if self.any_filter else None
         self.factor = f("factor", torch.float32) if any(
             p.decoding == "factor" for p in params) else None
         self.strict = strict_threshold
         threshold = f("threshold", torch.float32)
         self.threshold = self._comparable(threshold)
-        if self.any_suppress:
-            self.suppress = f("suppress_eos", torch.bool)[:, None, None]
-        if self.any_defer:
-            self.defer = f("defer_eos", torch.bool)[:, None]
+        self.suppress = f("suppress_eos", torch.bool)[:, None, None] if self.any_suppress \
+            else None
+        self.defer = f("defer_eos", torch.bool)[:, None] if self.any_defer else None
         self.any_random = any(p.remasking == "random" for p in params)
         self.any_edit = any(p.edits for p in params)
         self.edit_threshold = torch.tensor([p.edit_threshold if p.edits else 2.0
@@ -187,7 +186,7 @@ class RowKnobs:
                        lambda selector: selector(conf, active, k, self.threshold, self.factor))
 
 
-def by_rows(groups: list[tuple[object, torch.Tensor]], compute) -> torch.Tensor:
+def by_rows(groups: list[tuple[object, torch.Tensor | None]], compute) -> torch.Tensor:
     """``compute(rule)`` for each rule of a batch, each row taking its own rule's result
     (``groups``: (rule, (B, 1) rows) pairs; every row is in exactly one; the first rule's rows,
     None, are those no other rule takes). One rule: its result as it is, the common case."""

@@ -128,7 +128,7 @@ class ThresholdOrCount:
 
     def __call__(self, conf, masked, k, threshold, factor):
         above = conf >= threshold[:, None]                                     # (B, W)
-        top_k = _ranks(conf, masked) < k.view(-1, 1)                              # (B, W)
+        top_k = _ranks(conf, masked) < k.view(-1, 1)                           # (B, W)
         return (above | top_k) & masked
 
 
