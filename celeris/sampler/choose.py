@@ -15,6 +15,7 @@ a tensor's dtype (via float32), so that such a row commits what upstream commits
 
 from __future__ import annotations
 
+import copy
 from typing import Sequence
 
 import torch
@@ -73,6 +74,12 @@ class RowKnobs:
                 self.groups.setdefault(attr, []).append((table[name], rows))
         # noise only for the rows that sample: the T = 0 rows' temperatures are never read
         self.sampling = any(p.temperature > 0 for p in params)
+
+    def with_generators(self, generators: Sequence[torch.Generator | None]) -> "RowKnobs":
+        """These knobs for a batch whose rows ask the same, with its own rows' generators."""
+        knobs = copy.copy(self)
+        knobs.generators = list(generators)
+        return knobs
 
     def _comparable(self, threshold: torch.Tensor) -> torch.Tensor:
         """The thresholds that ``conf >= t`` compares with: strictly above for a strict

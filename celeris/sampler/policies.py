@@ -80,8 +80,11 @@ class ConfidenceThreshold:
     position whose confidence >= threshold, and at least the most confident one."""
 
     def __call__(self, conf, masked, k, threshold, factor):
-        best = (_ranks(conf, masked) == 0) & masked.any(-1, keepdim=True)
-        return ((conf >= threshold[:, None]) & masked) | best
+        # the most confident masked position: argmax takes the first of equal maxima, as
+        # a stable ranking does, at a fraction of a sort's cost
+        best = torch.where(masked, conf, NEG_INF).argmax(-1, keepdim=True)     # (B, 1)
+        chosen = (conf >= threshold[:, None]) & masked
+        return chosen.scatter(-1, best, masked.any(-1, keepdim=True))
 
 
 class ConfidenceFactor:
