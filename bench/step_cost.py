@@ -50,16 +50,16 @@ def block_forward(engine: Engine, width: int, prefix: int):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, model.config.vocab_size - 1, (1, prefix + width), generator=g)
     with torch.inference_mode():      # fill the prefix once
-        view = kv.bind([slot], [prefix], [(0, i, slot, i) for i in range(prefix)])
+        view = kv.bind([slot], [prefix], [(0, 0, slot, 0, prefix)])
         model(ids[:, :prefix], position_ids=torch.arange(prefix)[None], kv=view)
     x = ids[:, prefix:]                                                      # (1, W)
     pos = torch.arange(prefix, prefix + width)[None]                         # (1, W)
-    writes = [(0, i, slot, prefix + i) for i in range(width)]
+    runs = [(0, 0, slot, prefix, width)]            # the window's columns, one run
     n_logits = min(width, engine.block_size or width)
     cols = torch.arange(width - n_logits, width)[None]                      # (1, N)
 
     def run() -> None:
-        view = kv.bind([slot], [prefix + width], writes)
+        view = kv.bind([slot], [prefix + width], runs)
         model(x, position_ids=pos, kv=view, logits_index=cols)
     return run
 

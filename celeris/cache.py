@@ -108,19 +108,15 @@ class SlotKVCache:
         self.free.append(slot)
         self.free.sort(reverse=True)
 
-    def bind(self, slots: list[int], ends: list[int], writes: list[tuple[int, int, int, int]],
+    def bind(self, slots: list[int], ends: list[int],
+             runs: list[tuple[int, int, int, int, int]],
              real: torch.Tensor | None = None) -> "SlotView":
         """A KVView for one forward. ends: each row attends to its slot's positions
-        [0, end) once this forward's writes are in; writes: (row, column, slot, position) of
-        every window column whose keys/values this forward computes (finished blocks, and the
-        current block as scratch that later steps overwrite); real: the window's non-padding
-        columns (B, W) when rows are left-padded (``KVView.query_mask``)."""
-        return self.bind_runs(slots, ends, write_runs(writes), real)
-
-    def bind_runs(self, slots: list[int], ends: list[int],
-                  runs: list[tuple[int, int, int, int, int]],
-                  real: torch.Tensor | None = None) -> "SlotView":
-        """``bind`` with the writes given as runs (row, column, slot, position, length)."""
+        [0, end) once this forward's writes are in; runs: (row, column, slot, position,
+        length), consecutive window columns whose keys/values this forward computes into
+        consecutive positions of a slot (finished blocks, and the current block as scratch
+        that later steps overwrite); real: the window's non-padding columns (B, W) when rows
+        are left-padded (``KVView.query_mask``)."""
         self._ensure_length(max([*ends, *(r[3] + r[4] for r in runs)], default=0))
         return SlotView(self, slots, ends, runs, real)
 
@@ -207,23 +203,6 @@ class SlotView:
             write_kv(k, v, k_store, v_store, self._runs, self._table, fused=self._fused)
         return (k_store[self._rows, :, :self.keys].to(k.dtype),
                 v_store[self._rows, :, :self.keys].to(v.dtype))
-
-
-def write_runs(writes: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int, int]]:
-    """(row, column, slot, position) writes coalesced into runs (row, column, slot, position,
-    length) of consecutive columns going to consecutive positions of one slot: a row's window
-    writes one or two such runs, and at batch 1 a slice copy per run costs less than gathering
-    and scattering every column by index (~6% of a forward of celeris-tiny-bd on CPU; equal at
-    batch 8)."""
-    runs: list[list[int]] = []
-    for row, col, slot, pos in writes:
-        last = runs[-1] if runs else None
-        if (last is not None and last[0] == row and last[2] == slot
-                and last[1] + last[4] == col and last[3] + last[4] == pos):
-            last[4] += 1
-        else:
-            runs.append([row, col, slot, pos, 1])
-    return [tuple(r) for r in runs]
 
 
 def run_index(runs: list[tuple[int, int, int, int, int]], device: torch.device

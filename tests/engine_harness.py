@@ -95,3 +95,18 @@ def editing_model():
     with torch.no_grad():
         model.lm_head.weight[EDIT_STOP] *= 0.2       # a stop token now and then, not at once
     return model
+
+
+def write_runs(writes: Sequence[tuple[int, int, int, int]]) -> list[tuple[int, ...]]:
+    """(row, column, slot, position) writes, as the runs ``SlotKVCache.bind`` takes: each
+    stretch of consecutive columns going to consecutive positions of one slot is one run
+    (row, column, slot, position, length)."""
+    runs: list[list[int]] = []
+    for row, col, slot, pos in writes:
+        last = runs[-1] if runs else None
+        if last and last[0] == row and last[2] == slot and \
+                last[1] + last[4] == col and last[3] + last[4] == pos:
+            last[4] += 1
+        else:
+            runs.append([row, col, slot, pos, 1])
+    return [tuple(r) for r in runs]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from celeris import Engine, GenerationParams
-from tests.engine_harness import run_requests
+from tests.engine_harness import run_requests, write_runs
 from tests.tiny_model import make_tiny_model_dir
 
 PROMPTS = ["the quick brown fox", "Once", "def fib(n): return n if n < 2 else fib",
@@ -151,7 +151,7 @@ def test_attention_reads_the_slots_in_place_and_masks_what_lies_past_a_row(engin
         for buf in buffers:
             buf.normal_(0, 1e3)                 # loud garbage everywhere
     assert _ids(engine.generate_batch(PROMPTS, params)) == want
-    view = kv.bind([0, 1], [6, 9], [(0, 0, 0, 5), (1, 0, 1, 8)])
+    view = kv.bind([0, 1], [6, 9], write_runs([(0, 0, 0, 5), (1, 0, 1, 8)]))
     k, v = view.update(0, torch.zeros(2, kv.shape[0], 1, kv.shape[2]),
                        torch.ones(2, kv.shape[0], 1, kv.shape[2]))
     assert k.data_ptr() == kv.k[0].data_ptr() and k.shape[2] == 9     # a view, 9 keys
@@ -232,23 +232,12 @@ def test_kv_cache_refuses_a_position_past_the_context():
     from celeris.cache import SlotKVCache
     kv = SlotKVCache(1, 1, 2, max_len=8, dtype=torch.float32, device=torch.device("cpu"),
                      slots=1, length=4)
-    kv.bind([0], [8], [(0, i, 0, 4 + i) for i in range(4)])
+    kv.bind([0], [8], [(0, 0, 0, 4, 4)])
     assert kv.length == 8
     with pytest.raises(ValueError, match=r"position 8 is past the model's context \(8 positions\)"):
-        kv.bind([0], [9], [(0, 0, 0, 8)])
+        kv.bind([0], [9], [(0, 0, 0, 8, 1)])
     with pytest.raises(ValueError, match="length must be >= 1, got 0"):
         SlotKVCache(1, 1, 2, 8, torch.float32, torch.device("cpu"), length=0)
-
-
-def test_cache_writes_are_coalesced_into_runs_of_consecutive_columns_and_positions():
-    from celeris.cache import write_runs
-    writes = ([(0, 3 + i, 5, 40 + i) for i in range(4)]      # row 0: columns 3-6 -> 40-43
-              + [(1, 0, 2, 8), (1, 1, 2, 9)]                  # row 1: a run of two
-              + [(1, 2, 2, 20)]                               # then a jump in position
-              + [(2, 0, 7, 8), (2, 2, 7, 9)])                 # a jump in column
-    assert write_runs(writes) == [(0, 3, 5, 40, 4), (1, 0, 2, 8, 2), (1, 2, 2, 20, 1),
-                                  (2, 0, 7, 8, 1), (2, 2, 7, 9, 1)]
-    assert write_runs([]) == []
 
 
 @pytest.mark.parametrize("max_runs", [0, 4])
@@ -261,7 +250,7 @@ def test_slice_and_index_cache_writes_store_the_same_keys(monkeypatch, max_runs)
                            slots=3, length=16)
     writes = [(0, 1, 2, 4), (0, 2, 2, 5), (1, 0, 0, 9), (1, 1, 0, 10), (1, 2, 0, 11)]
     k, v = torch.randn(2, 2, 3, 3), torch.randn(2, 2, 3, 3)                # (B, Hkv, W, D)
-    view = kv.bind([2, 0], [6, 12], writes)
+    view = kv.bind([2, 0], [6, 12], write_runs(writes))
     assert (view._index is None) == (max_runs > 0)
     view.update(0, k, v)
     for row, col, slot, pos in writes:

@@ -99,7 +99,7 @@ def test_kv_cache_puts_each_layer_on_its_device_and_the_view_follows():
                         layer_devices=[cpu, other])
     assert [t.device for t in cache.k] == [cpu, other] == [t.device for t in cache.v]
     slots = [cache.take(), cache.take()]
-    view = cache.bind_runs(slots, [5, 12], [(0, 0, slots[0], 0, 5), (1, 0, slots[1], 0, 12)])
+    view = cache.bind(slots, [5, 12], [(0, 0, slots[0], 0, 5), (1, 0, slots[1], 0, 12)])
     assert cache.length == 16 and [t.device for t in cache.k] == [cpu, other]   # grown there
     k = torch.randn(2, 2, 12, 4)
     keys, _ = view.update(0, k, k)

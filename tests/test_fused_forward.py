@@ -74,13 +74,11 @@ def _cached_forward(model, monkeypatch, mode: str) -> list[torch.Tensor]:
     real = torch.ones(2, 8, dtype=torch.bool)
     real[1, :3] = False
     pos = (torch.arange(8)[None] - torch.tensor([[0], [3]])).clamp(min=0)
-    first = kv.bind([0, 1], [8, 5], [(0, c, 0, c) for c in range(8)]
-                    + [(1, c, 1, c - 3) for c in range(3, 8)], real)
+    first = kv.bind([0, 1], [8, 5], [(0, 0, 0, 0, 8), (1, 3, 1, 0, 5)], real)
     out = [_logits(model, monkeypatch, mode, ids, position_ids=pos, kv=first)]
     block = _ids(2, 4, seed=3)
     pos2 = torch.tensor([[8, 9, 10, 11], [5, 6, 7, 8]])
-    second = kv.bind([0, 1], [12, 9], [(r, c, r, int(pos2[r, c])) for r in (0, 1)
-                                        for c in range(4)])
+    second = kv.bind([0, 1], [12, 9], [(0, 0, 0, 8, 4), (1, 0, 1, 5, 4)])
     out.append(_logits(model, monkeypatch, mode, block, position_ids=pos2, kv=second))
     return out
 

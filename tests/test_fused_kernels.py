@@ -273,13 +273,14 @@ def test_slot_view_forced_fused_write_equals_the_torch_write(monkeypatch):
     """The cache's fused write (forced on CPU) leaves the slots as the slice copies do, and
     attention reads the same keys."""
     from celeris.cache import SlotKVCache
+    from tests.engine_harness import write_runs
     k, v, _ = _window_and_cache(torch.float32, seed=40)
     writes = [(0, c, 1, 4 + c) for c in range(3, 9)] + [(1, c, 2, c) for c in range(9)]
     got = []
     for mode in ("triton", "torch"):
         monkeypatch.setenv("CELERIS_KERNELS", mode)
         kv = SlotKVCache(2, 2, 6, 32, torch.float32, torch.device("cpu"), slots=4, length=16)
-        view = kv.bind([1, 2], [13, 9], writes)
+        view = kv.bind([1, 2], [13, 9], write_runs(writes))
         with torch.no_grad():
             got.append((view.update(1, k[:2], v[:2]), kv.k[1].clone(), kv.v[1].clone()))
         assert view._fused == (mode == "triton")

@@ -156,7 +156,7 @@ class Runner:
         runs = [(b, W - m + q, slot, f + q, m - q)
                 for b, ((_, _, f, q, slot), m) in enumerate(zip(rows, lens))]
         ends = [self.layout.key_end(r, f, m) for (r, _, f, _, _), m in zip(rows, lens)]
-        view = self.kv.bind_runs([row[4] for row in rows], ends, runs, real)
+        view = self.kv.bind([row[4] for row in rows], ends, runs, real)
         return ids, pos, view, cols, widths, width, k
 
     def _guide(self, logits: torch.Tensor, reqs: list[Request], twins: list[Request]
