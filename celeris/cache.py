@@ -108,6 +108,19 @@ class SlotKVCache:
         self.free.append(slot)
         self.free.sort(reverse=True)
 
+    def move(self, slot: int) -> int:
+        """Copy ``slot``'s keys/values into the lowest free slot, free ``slot``, and return
+        the new slot number. The runner moves the highest running slots into the holes that
+        finished requests leave, so that a batch's slots stay consecutive and attention reads
+        one view of the cache (``SlotView``) rather than a gather of every row in every layer
+        and step: one slot copied once against B rows copied per layer per step."""
+        new = self.free.pop()
+        for buffers in (self.k, self.v):
+            for buf in buffers:
+                buf[new] = buf[slot]
+        self.give_back(slot)
+        return new
+
     def bind(self, slots: list[int], ends: list[int],
              runs: list[tuple[int, int, int, int, int]],
              real: torch.Tensor | None = None) -> "SlotView":

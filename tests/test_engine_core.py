@@ -132,6 +132,57 @@ def test_a_finished_request_leaves_and_a_queued_one_joins_at_the_next_step(block
         "short": "length", "long": "length", "queued": "length"}
 
 
+@pytest.mark.parametrize("family", ["block", "canvas"])
+def test_a_finished_requests_hole_is_filled_from_the_top_and_tokens_are_unchanged(
+        family, block_model, canvas_model, monkeypatch):
+    """The first request leaves first; the last one's keys/values move into its slot, so the
+    batch reads one view of consecutive slots (no per-layer gather) and decodes as alone."""
+    model = block_model if family == "block" else canvas_model
+    P = celeris.GenerationParams
+    common = dict(block_length=8, suppress_eos=True, temperature=0.7)
+    if family == "block":
+        common["cache"] = "prefix"
+    params = [P(gen_length=8, **common), P(gen_length=32, **common),
+              P(gen_length=32, **common)]
+    engine = bare_engine(model, 3, 0, (2,))
+    views, bind = [], engine.runner.kv.bind
+
+    def record(slots, *args):
+        views.append((list(slots), bind(slots, *args)))
+        return views[-1][1]
+    monkeypatch.setattr(engine.runner.kv, "bind", record)
+    outs: dict = {}
+    for j, p in enumerate(params):
+        submit(engine, outs, f"r{j}", PROMPTS[j], p, 20 + j)
+    slots = []
+    while engine.scheduler.has_work:
+        engine.run_step()
+        slots.append({r.request_id: r.slot for r in engine.scheduler.running})
+    ended = next(i for i, s in enumerate(slots) if "r0" not in s)
+    assert slots[ended] == {"r1": 1, "r2": 2}
+    assert slots[ended + 1] == {"r1": 1, "r2": 0}             # moved into the hole
+    assert [s for s, _ in views[ended + 1:ended + 3]] == [[0, 1], [0, 1]]
+    assert all(isinstance(v._rows, slice) for _, v in views)   # never a gather
+    finish(engine)
+    for j, p in enumerate(params):
+        alone = run_requests(bare_engine(model, 3, 0, (2,)), [("a", PROMPTS[j], p, 20 + j)])
+        assert outs[f"r{j}"][-1].canvas == alone["a"][-1].canvas
+
+
+def test_the_slot_cache_moves_a_slot_into_the_lowest_hole():
+    from celeris.cache import SlotKVCache
+    kv = SlotKVCache(2, 1, 4, 16, torch.float32, torch.device("cpu"), slots=4, length=8)
+    taken = [kv.take() for _ in range(4)]
+    for layer in range(2):
+        kv.k[layer].normal_(), kv.v[layer].normal_()
+    before = [(kv.k[i][3].clone(), kv.v[i][3].clone()) for i in range(2)]
+    kv.give_back(1)
+    assert taken == [0, 1, 2, 3] and kv.move(3) == 1
+    assert kv.free == [3]
+    for layer, (k, v) in enumerate(before):
+        assert torch.equal(kv.k[layer][1], k) and torch.equal(kv.v[layer][1], v)
+
+
 def test_the_step_is_a_handful_of_lines():
     source = (ROOT / "celeris" / "engine" / "llm_engine.py").read_text(encoding="utf-8")
     tree = ast.parse(source)

@@ -64,6 +64,17 @@ class Runner:
                 self.kv.give_back(slot)
         req.slot = req.uncond_slot = -1
 
+    def _compact(self, reqs: Sequence[Request]) -> None:
+        """Move the running requests' slots past the first len(slots) into the free ones
+        below: the holes finished requests leave are filled from the top (``kv.move``)."""
+        n = sum(1 + (r.uncond_slot >= 0) for r in reqs)
+        for r in reqs:
+            while self.kv.free and self.kv.free[-1] < n and max(r.slot, r.uncond_slot) >= n:
+                if r.slot >= n:
+                    r.slot = self.kv.move(r.slot)
+                else:
+                    r.uncond_slot = self.kv.move(r.uncond_slot)
+
     def knobs(self, reqs: Sequence[Request]) -> RowKnobs:
         """The batch's per-row knobs, rebuilt only when its membership changes, and then
         only its generators when every row asks what the previous batch's row did (a run of
@@ -86,8 +97,9 @@ class Runner:
         """Forward, choose, commit: every request in ``reqs`` advances one step."""
         if hasattr(self.layout, "run"):     # a layout with its own forward (gemma_layout.py)
             return self.layout.run(self, reqs)
-        # rows in slot order: consecutive slots are read as one view of the cache instead
-        # of a gather copying every row's keys in every layer
+        # rows in slot order, slots 0..B-1: consecutive slots are read as one view of the
+        # cache instead of a gather copying every row's keys in every layer
+        self._compact(reqs)
         reqs = sorted(reqs, key=lambda r: r.slot)
         mask, dev = self.special.mask, self.device
         rows = [(r, *self.layout.window(r), r.slot) for r in reqs]
