@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from celeris import Engine  # noqa: E402
 from celeris.ar_baseline import ARBaseline  # noqa: E402
 from celeris.bench.common import machine_info  # noqa: E402
-from celeris.engine.runner import new_slot_cache  # noqa: E402
+from celeris.families.layouts import new_slot_cache  # noqa: E402
 
 
 def block_forward(engine: Engine, width: int, prefix: int):

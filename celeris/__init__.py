@@ -2,8 +2,9 @@
 
 from .config import (CelerisError, EngineBusyError, EngineClosedError, EngineConfig,
                      EngineOutOfMemoryError, ModelLoadError)
-from .model import (CelerisConfig, CelerisForMaskedDiffusion, DreamConfig, FastDLLMQwenConfig,
-                    LLaDA2MoeConfig, LLaDAConfig, SDARConfig, SDARMoeConfig, load_model)
+from .model import CelerisConfig, CelerisForMaskedDiffusion
+from .families import (DreamConfig, Family, FastDLLMQwenConfig, LLaDA2MoeConfig, LLaDAConfig,
+                       SDARConfig, SDARMoeConfig, load_model, register_family)
 from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
 from .params import GenerationParams
 
@@ -17,4 +18,4 @@ __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "St
            "EngineBusyError", "EngineClosedError", "EngineOutOfMemoryError", "CelerisConfig",
            "CelerisForMaskedDiffusion", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig",
            "SDARConfig", "SDARMoeConfig", "LLaDA2MoeConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
-           "AsyncEngine", "ContextLengthError", "split_infill"]
+           "AsyncEngine", "ContextLengthError", "split_infill", "Family", "register_family"]

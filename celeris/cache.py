@@ -16,7 +16,36 @@ import torch
 from .kernels import fused_kernels, write_kv
 
 
-class SlotKVCache:
+class SlotPool:
+    """Slot numbers for the running requests, lowest first, so that a small batch uses a
+    contiguous range; a layout whose requests keep their state elsewhere (DiffusionGemma's
+    per-request encoder cache) needs only this. ``SlotKVCache`` adds the storage."""
+
+    def __init__(self, slots: int = 4) -> None:
+        self.free: list[int] = []
+        self._grow(slots)
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def _grow(self, slots: int) -> None:
+        old = getattr(self, "_capacity", 0)
+        self.free = sorted(self.free + list(range(old, slots)), reverse=True)
+        self._capacity = slots
+
+    def take(self) -> int:
+        """A free slot (the lowest)."""
+        if not self.free:
+            self._grow(2 * self.capacity)
+        return self.free.pop()
+
+    def give_back(self, slot: int) -> None:
+        self.free.append(slot)
+        self.free.sort(reverse=True)
+
+
+class SlotKVCache(SlotPool):
     """The exact, append-only KV cache of block-causal models (Arriola et al. 2025, BD3-LM;
     SDAR; Fast-dLLM v2): once a block is finished its keys/values never change, so they are
     written once and read by every later step, like an autoregressive cache.
@@ -46,9 +75,8 @@ class SlotKVCache:
         self.devices = list(layer_devices) if layer_devices else [device] * num_layers
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
-        self.free: list[int] = []
         self._columns: dict[torch.device, torch.Tensor] = {}
-        self._grow(slots)
+        super().__init__(slots)
 
     def columns(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         """arange(n) as a slice of one tensor per device, made once: a forward needs three,
@@ -59,10 +87,6 @@ class SlotKVCache:
             cols = self._columns[device] = torch.arange(max(n, self.max_len + 1),
                                                         device=device)
         return cols[:n]
-
-    @property
-    def capacity(self) -> int:
-        return self.k[0].shape[0]
 
     def _grow(self, slots: int) -> None:
         old = self.capacity if self.k else 0
@@ -75,7 +99,7 @@ class SlotKVCache:
                     buffers[layer] = new
                 else:
                     buffers.append(new)
-        self.free = sorted(self.free + list(range(old, slots)), reverse=True)
+        super()._grow(slots)
 
     @property
     def length(self) -> int:
@@ -97,16 +121,6 @@ class SlotKVCache:
                 new[:, :, :old] = buf
                 buffers[layer] = new
         self.shape = (self.shape[0], new_len, self.shape[2])
-
-    def take(self) -> int:
-        """A free slot (the lowest, so that small batches use a contiguous range)."""
-        if not self.free:
-            self._grow(2 * self.capacity)
-        return self.free.pop()
-
-    def give_back(self, slot: int) -> None:
-        self.free.append(slot)
-        self.free.sort(reverse=True)
 
     def move(self, slot: int) -> int:
         """Copy ``slot``'s keys/values into the lowest free slot, free ``slot``, and return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
@@ -43,6 +43,31 @@ class EngineOutOfMemoryError(CelerisError):
 
 class EngineClosedError(CelerisError):
     """The engine is shutting down (draining) and takes no new requests."""
+
+
+class NonFiniteLogitsError(RuntimeError):
+    """The model produced NaN/inf logits for these requests (a broken checkpoint, or an
+    overflow in a low-precision dtype); they fail instead of returning garbage."""
+
+    def __init__(self, request_ids: Sequence[str]) -> None:
+        self.request_ids = tuple(request_ids)
+        super().__init__(f"the model produced non-finite (NaN/inf) logits for request(s) "
+                         f"{', '.join(self.request_ids)}; the checkpoint or the dtype is broken "
+                         "(try --dtype float32)")
+
+
+class ContextLengthError(ValueError):
+    """The prompt (plus the answer canvas) does not fit a token limit; carries the numbers."""
+
+    def __init__(self, prompt_tokens: int, gen_length: int, limit: int) -> None:
+        self.prompt_tokens, self.gen_length, self.limit = prompt_tokens, gen_length, limit
+        if gen_length:
+            message = (f"prompt ({prompt_tokens} tokens) + gen_length ({gen_length}) = "
+                       f"{prompt_tokens + gen_length} tokens exceeds the model's context of "
+                       f"{limit} tokens")
+        else:
+            message = f"prompt has {prompt_tokens} tokens; the limit is {limit}"
+        super().__init__(message)
 
 
 def normalize_dtype(name: str) -> str:

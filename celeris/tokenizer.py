@@ -3,8 +3,8 @@
 Special ids come from the model's own files (config.json, tokenizer_config.json, the
 vocabulary), never from literals: LLaDA, Dream and celeris-tiny all spell them differently.
 Where a published checkpoint names an id in none of them (Fast-dLLM v2's mask, LLaDA-MoE's,
-given only in their model cards), the family's known ids (the config's ``known_special_ids``)
-are the last resort.
+given only in their model cards), the family's known ids (``Family.special_ids``, passed to
+``Tokenizer.load``) are the last resort.
 """
 
 from __future__ import annotations
@@ -43,10 +43,13 @@ class Tokenizer:
 
     # --------------------------------------------------------------- loading
     @classmethod
-    def load(cls, model_dir: str | Path, config: Any = None) -> "Tokenizer":
+    def load(cls, model_dir: str | Path, config: Any = None,
+             known_ids: dict[str, int] | None = None) -> "Tokenizer":
+        """The tokenizer of a model directory; ``known_ids`` are its family's model-card ids
+        ({"mask": id, "eos": id}), used only where the files name none."""
         model_dir = Path(model_dir)
         hf = _load_hf_tokenizer(model_dir)
-        return cls(hf, _special_ids(hf, config, model_dir))
+        return cls(hf, _special_ids(hf, config, model_dir, dict(known_ids or {})))
 
     # --------------------------------------------------------------- text <-> ids
     @property
@@ -132,10 +135,10 @@ def _token_id(hf: Any, names: Sequence[str]) -> int | None:
     return None
 
 
-def _known_id(config: Any, kind: str, model_dir: Path) -> int | None:
-    """The family's known id of ``kind`` (``known_special_ids``), checked against the model's
-    vocabulary size."""
-    known = (getattr(config, "known_special_ids", None) or {}).get(kind)
+def _known_id(config: Any, known_ids: dict[str, int], kind: str, model_dir: Path
+              ) -> int | None:
+    """The family's known id of ``kind``, checked against the model's vocabulary size."""
+    known = known_ids.get(kind)
     vocab = getattr(config, "vocab_size", None)
     if known is not None and vocab is not None and not 0 <= known < vocab:
         raise ModelLoadError(f"{model_dir}: the family's known {kind} id {known} is outside "
@@ -144,12 +147,13 @@ def _known_id(config: Any, kind: str, model_dir: Path) -> int | None:
     return known
 
 
-def _special_ids(hf: Any, config: Any, model_dir: Path) -> SpecialIds:
+def _special_ids(hf: Any, config: Any, model_dir: Path, known_ids: dict[str, int]
+                 ) -> SpecialIds:
     mask = getattr(config, "mask_token_id", None)
     if mask is None:
         mask = hf.mask_token_id if hf.mask_token_id is not None else _token_id(hf, MASK_NAMES)
     if mask is None:
-        mask = _known_id(config, "mask", model_dir)
+        mask = _known_id(config, known_ids, "mask", model_dir)
     if mask is None:
         raise ModelLoadError(f"{model_dir}: no mask token: set mask_token_id in config.json "
                              "or mask_token in tokenizer_config.json")
@@ -157,7 +161,7 @@ def _special_ids(hf: Any, config: Any, model_dir: Path) -> SpecialIds:
     if isinstance(eos, (list, tuple)):
         eos = eos[0]
     if eos is None:
-        eos = _known_id(config, "eos", model_dir)
+        eos = _known_id(config, known_ids, "eos", model_dir)
     if eos is None:
         raise ModelLoadError(f"{model_dir}: no EOS token in the tokenizer or config")
     eot = getattr(config, "eot_token_id", None)

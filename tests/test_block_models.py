@@ -70,7 +70,8 @@ def _save_upstream(path, model_type: str, arch: str, extra: dict, seed: int):
     path.mkdir()
     raw = {"model_type": model_type, "architectures": [arch], **QWEN, **extra}
     (path / "config.json").write_text(json.dumps(raw))
-    config = celeris.model.CONFIG_CLASSES[model_type](**{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
+    config = celeris.families.find(raw).config_class(
+        **{k: v for k, v in raw.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(seed)
     model = CelerisForMaskedDiffusion(config).eval()
     save_file({k: v.contiguous() for k, v in model.state_dict().items()},
@@ -104,8 +105,8 @@ def test_block_diffusion_families_load_identically_through_auto_and_load_model(
 
 
 def test_fast_dllm_v2_shifts_logits_and_sdar_does_not(tmp_path):
-    fast = celeris.model.FastDLLMQwenConfig(**QWEN)
-    sdar = celeris.model.SDARConfig(**QWEN)
+    fast = celeris.FastDLLMQwenConfig(**QWEN)
+    sdar = celeris.SDARConfig(**QWEN)
     assert fast.shift_logits and fast.qkv_bias and fast.block_size == 32
     assert not sdar.shift_logits and sdar.qk_norm and sdar.block_size == 4
 

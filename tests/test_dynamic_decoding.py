@@ -96,7 +96,7 @@ def sdar_model():
     """A tiny random checkpoint laid out as SDAR (Qwen3 blocks with q/k norms, block-causal,
     logits not shifted), blocks of 8."""
     torch.manual_seed(0)
-    cfg = celeris.model.SDARConfig(
+    cfg = celeris.SDARConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
         tie_word_embeddings=False, initializer_range=0.5, block_size=BLOCK,
@@ -210,7 +210,7 @@ def test_a_dynamic_request_among_other_decodings_matches_its_solo_run(family, bl
 
 
 def test_diffusion_gemma_refuses_dynamic_naming_the_decoding_field():
-    from celeris.engine.gemma_layout import GemmaLayout
+    from celeris.families.gemma_layout import GemmaLayout
 
     layout = GemmaLayout(SimpleNamespace(canvas_length=8, vocab_size=16), MASK)
     layout.check(GenerationParams(block_length=8))

@@ -216,22 +216,23 @@ def test_the_shipped_full_attention_model_streams_a_prefix_of_its_capped_answer(
 @pytest.mark.parametrize("block_size,sub_block", [(32, 8), (4, 4), (12, 6)])
 def test_a_family_gets_its_published_sampler_unless_its_generation_config_says_otherwise(
         block_size, sub_block):
-    from celeris.engine.families import family_defaults
-    from celeris.engine.layouts import BlockLayout
+    from celeris.families import BlockLayout, by_name
+    fast, sdar_family = by_name("fast_dllm_v2"), by_name("sdar")
     cfg = celeris.FastDLLMQwenConfig(bd_size=block_size, vocab_size=64, hidden_size=32,
                                      intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=4, mask_token_id=3)
     layout = BlockLayout(cfg, 3)
-    p = family_defaults(layout, cfg.family, {})
+    p = fast.request_defaults(layout, {})
     assert (p.block_length, p.decoding, p.threshold, p.first_token, p.cache) == (
         sub_block, "threshold", 0.9, "greedy", "prefix")
-    given = family_defaults(layout, cfg.family, {"threshold": 0.5, "first_token": "policy"})
+    given = fast.request_defaults(layout, {"threshold": 0.5, "first_token": "policy"})
     assert (given.threshold, given.first_token, given.block_length) == (0.5, "policy", sub_block)
-    assert family_defaults(layout, None, {}).decoding == celeris.GenerationParams().decoding
+    assert by_name("celeris").request_defaults(layout, {}).decoding == \
+        celeris.GenerationParams().decoding
     for config_cls in (celeris.SDARConfig, celeris.SDARMoeConfig):    # SDAR's generate.py
         sdar = config_cls(block_size=4, vocab_size=64, hidden_size=32, intermediate_size=64,
                           num_hidden_layers=1, num_attention_heads=4, mask_token_id=3)
-        p = family_defaults(BlockLayout(sdar, 3), sdar.family, {})
+        p = sdar_family.request_defaults(BlockLayout(sdar, 3), {})
         assert (p.decoding, p.threshold, p.block_length, p.temperature) == ("dynamic", 0.85,
                                                                             4, 0.0)
 

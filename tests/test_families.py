@@ -395,10 +395,11 @@ def test_partial_rotary_turns_only_the_first_dims_with_their_own_frequencies():
 # ------------------------------------------------------------------ special ids
 def test_special_ids_come_from_the_checkpoint_or_the_family_table(family_dirs):
     def special(family):
-        model, path = load_model(family_dirs[family], device="cpu")
+        found, model, path = celeris.families.load(family_dirs[family], device="cpu")
         vocab = json.loads((path / "tokenizer.json").read_text())["added_tokens"]
         names = {t["content"]: t["id"] for t in vocab}
-        return celeris.tokenizer.Tokenizer.load(path, model.config).special, names
+        tokenizer = celeris.tokenizer.Tokenizer.load(path, model.config, found.special_ids)
+        return tokenizer.special, names
 
     sp, names = special("illada")                       # mask 5 from config.json, not a name
     assert (sp.mask, sp.eos, sp.pad) == (5, 2, 1) and names["<|mdm_mask|>"] == 6
@@ -420,7 +421,8 @@ def test_known_mask_id_outside_the_vocabulary_is_refused(tmp_path):
     cfg = celeris.LLaDAConfig(**{k: v for k, v in config.items()
                                  if k not in ("model_type", "architectures")})
     with pytest.raises(ModelLoadError, match="known mask id 156895 is outside"):
-        celeris.tokenizer.Tokenizer.load(path, cfg)
+        celeris.tokenizer.Tokenizer.load(path, cfg, celeris.families.by_name("llada_moe")
+                                         .special_ids)
 
 
 # ------------------------------------------------------------------ the engine

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from celeris import Engine, GenerationParams
-from celeris.engine.families import read_generation_defaults
+from celeris.families import by_name
 from celeris.outputs import StepEvent
 from celeris.request_params import request_params
 from tests.engine_harness import (EDIT_BLOCK, EDIT_MASK, EDIT_PAD, EDIT_STOP, bare_engine,
@@ -153,6 +153,7 @@ def test_full_attention_models_refuse_token_editing():
 def test_llada21_generation_config_turns_editing_on(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 8}), encoding="utf-8")
+    read_generation_defaults = by_name("llada2").generation_defaults
     defaults = read_generation_defaults(tmp_path)
     assert defaults == {"threshold": 0.7, "edit_threshold": 0.5, "max_post_edit_steps": 8}
     (tmp_path / "generation_config.json").write_text(json.dumps({"threshold": 0.95}))

@@ -116,7 +116,7 @@ def test_training_logits_equal_the_engines_at_every_scored_position(masking, ext
     prompt's first token, the block always ``block_size`` wide, masks past the answer) builds
     the window, the model applies its own block-causal mask and token shift. Rows whose last
     block the batch cuts (the longest answer; a cropped one) included."""
-    from celeris.engine.layouts import BlockLayout
+    from celeris.families import BlockLayout
     from celeris.engine.request import Request
     from celeris.params import GenerationParams
     model = _model()

@@ -23,30 +23,33 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from ..config import EngineBusyError, EngineClosedError, EngineConfig, EngineOutOfMemoryError
-from ..model import load_model
+from .. import families
+from ..families.infill import infill_canvas, split_infill
+from ..config import (ContextLengthError, EngineBusyError, EngineClosedError, EngineConfig,
+                      EngineOutOfMemoryError, ModelLoadError)
 from ..model.compiled import CompiledForward
-from ..model.dispatch import main_device
+from ..model.dispatch import main_device, memory_info
 from ..outputs import GenerationResult, StepEvent, StepTiming
 from ..params import GenerationParams
 from ..tokenizer import Messages, Tokenizer
-from .families import (DEFAULT_MODEL, ContextLengthError, family_defaults, family_name,
-                       infill_refusal, memory_info, read_generation_defaults, split_infill)
-from .infill import infill_canvas
-from .layouts import layout_for
 from .request import Request, Status
 from .runner import Runner
 from .scheduler import Scheduler
 
 log = logging.getLogger(__name__)
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = REPO_ROOT / "models" / "celeris-tiny-bd"   # the shipped block-diffusion model
 Prompt = str | Messages | list[int]   # text, chat messages, or token ids
 
 
 class Engine:
     def __init__(self, model: Any, tokenizer: Tokenizer, model_dir: Path,
                  config: EngineConfig | None = None,
-                 generation_defaults: dict[str, Any] | None = None) -> None:
+                 generation_defaults: dict[str, Any] | None = None,
+                 family: families.Family | None = None) -> None:
         self.model, self.tokenizer, self.model_dir = model, tokenizer, Path(model_dir)
+        # the family the loader found; a model built in code: the one its config names
+        self.family = family or families.family_of(model.config)
         self.config = config or EngineConfig()
         self.device = main_device(model)     # device_map: the map's main device
         # small models on CPU pay per op, not per flop: decode with packed weights
@@ -54,10 +57,9 @@ class Engine:
         self.packed = bool(self.device.type == "cpu" and hasattr(model, "pack_for_inference")
                            and model.pack_for_inference())
         self.special = tokenizer.special
-        self.layout = layout_for(model.config, self.special.mask)
+        self.layout: families.Layout = self.family.layout(model.config, self.special.mask)
         self.block_causal = self.layout.block_causal     # the server and bench read it
-        self._defaults = family_defaults(self.layout, getattr(model.config, "family", None),
-                                         generation_defaults or {})
+        self._defaults = self.family.request_defaults(self.layout, generation_defaults or {})
         self.scheduler = Scheduler(self.config)
         self.runner = Runner(model, self.layout, self.special, self.device,
                              max(4, self.config.max_running))
@@ -79,12 +81,13 @@ class Engine:
         ``device_map="auto", max_memory={0: "20GiB", "cpu": "60GiB"}, offload_folder=DIR``
         for a model that does not fit one device (layers over GPUs, CPU memory and disk)."""
         config = EngineConfig(device=device, dtype=dtype, **engine_options)
-        model, model_dir = load_model(path_or_id or _shipped_model(), device=config.device,
-                                      dtype=config.dtype, device_map=config.device_map,
-                                      max_memory=config.max_memory,
-                                      offload_folder=config.offload_folder)
-        tokenizer = Tokenizer.load(model_dir, model.config)
-        return cls(model, tokenizer, model_dir, config, read_generation_defaults(model_dir))
+        family, model, model_dir = families.load(
+            path_or_id or _shipped_model(), device=config.device, dtype=config.dtype,
+            device_map=config.device_map, max_memory=config.max_memory,
+            offload_folder=config.offload_folder)
+        tokenizer = Tokenizer.load(model_dir, model.config, family.special_ids)
+        return cls(model, tokenizer, model_dir, config, family.generation_defaults(model_dir),
+                   family)
 
     def default_params(self) -> GenerationParams:
         return self._defaults
@@ -218,10 +221,12 @@ class Engine:
 
     def infill_request(self, text: str, params: GenerationParams | None, span: int,
                        marker: str) -> tuple[list[int], list[int], GenerationParams]:
-        """(prompt ids, pinned canvas, params) for an infill text (``infill.py``)."""
-        if self.block_causal:
-            raise ValueError(infill_refusal(self.model_dir.name))
-        return infill_canvas(self.tokenizer, text, params or self._defaults, span, marker)
+        """(prompt ids, pinned canvas, params) for an infill text (``infill.py``); the
+        layout refuses it where its family writes left to right."""
+        prompt, canvas, params = infill_canvas(self.tokenizer, text, params or self._defaults,
+                                               span, marker)
+        self.layout.check(params, canvas, self.model_dir.name)
+        return prompt, canvas, params
 
     def generate(self, prompt: Prompt, params: GenerationParams | None = None,
                  request_id: str | None = None) -> GenerationResult:
@@ -338,7 +343,7 @@ class Engine:
         cfg = self.model.config
         n_params = sum(p.numel() for p in self.model.parameters())
         out = {"model": self.model_dir.name, "path": str(self.model_dir),
-               "architecture": cfg.model_type, "family": family_name(cfg),
+               "architecture": cfg.model_type, "family": self.family.display,
                "parameters": n_params,
                "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
                "device": str(self.device), "context_length": cfg.max_position_embeddings,
@@ -378,7 +383,6 @@ def _send(req: Request, item: Any) -> None:
 
 def _shipped_model() -> Path:
     if not (DEFAULT_MODEL / "config.json").is_file():
-        from ..config import ModelLoadError
         raise ModelLoadError(
             f"the shipped model is missing at {DEFAULT_MODEL}; give another model directory "
             "(e.g. models/celeris-tiny) or rebuild it from its recipe "
@@ -394,4 +398,4 @@ def new_request_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-__all__ = ["Engine", "EngineClosedError", "capacity_error", "new_request_id"]
+__all__ = ["DEFAULT_MODEL", "Engine", "EngineClosedError", "capacity_error", "new_request_id"]

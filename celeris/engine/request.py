@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..config import NonFiniteLogitsError
 from ..outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
 from ..params import GenerationParams
 
@@ -30,17 +31,6 @@ class Status(Enum):
     WAITING = "waiting"      # admitted, not yet in the running batch
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class NonFiniteLogitsError(RuntimeError):
-    """The model produced NaN/inf logits for these requests (a broken checkpoint, or an
-    overflow in a low-precision dtype); they fail instead of returning garbage."""
-
-    def __init__(self, request_ids: Sequence[str]) -> None:
-        self.request_ids = tuple(request_ids)
-        super().__init__(f"the model produced non-finite (NaN/inf) logits for request(s) "
-                         f"{', '.join(self.request_ids)}; the checkpoint or the dtype is broken "
-                         "(try --dtype float32)")
 
 
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
@@ -91,6 +81,7 @@ class Request:
     committed: tuple[int, ...] = ()          # this step's commits (answer positions)
     confidences: tuple[float, ...] = ()
     edited: tuple[int, ...] = ()             # those of them that replaced a token (editing)
+    draft: tuple[int, ...] = ()   # tokens the sampler holds for the unit, not accepted yet
     settling: bool = False       # token editing: the unit may still change (no advance/end)
     post_edits: int = 0          # forwards spent editing the unit after its last mask went
     prefix: int = 0              # end of the contiguous committed prefix (absolute)
@@ -201,6 +192,18 @@ class Request:
     def canvas_view(self) -> tuple[int, ...]:
         return tuple(self.seq[self.prompt_len:self.end])
 
+    def _drafted(self, mask_id: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The canvas with the unit's draft tokens in its masked positions, and those
+        positions (answer-relative)."""
+        canvas = self.canvas_view()
+        if not self.draft or self.finished:
+            return canvas, ()
+        P, cells = self.prompt_len, list(canvas)
+        where = tuple(i - P for i in range(self.lo, self.hi) if self.seq[i] == mask_id)
+        for j in where:
+            cells[j] = self.draft[j + P - self.lo]
+        return tuple(cells), where
+
     def note_progress(self) -> float:
         """Seconds since arrival; the first time a block is done (or the request ended) is
         its time to first block."""
@@ -213,9 +216,10 @@ class Request:
         now = self.note_progress()
         text, _ = cut_at_stop(self._decoded(), self.params.stop)
         self.text = text if self.finished else settled_text(text, self.params.stop)
-        return StepEvent(self.request_id, self.step, self.blocks_done, self.canvas_view(),
+        canvas, draft = self._drafted(mask_id)
+        return StepEvent(self.request_id, self.step, self.blocks_done, canvas,
                          self.committed, self.confidences, self.nfe, now, self.text, mask_id,
-                         block_length, self.finished, self.edited)
+                         block_length, self.finished, self.edited, draft)
 
     def result(self, encode: Callable[[str], list[int]]) -> GenerationResult:
         ids = self.answer_ids()

@@ -18,33 +18,18 @@ from typing import Any, Sequence
 
 import torch
 
-from ..cache import SlotKVCache, long_tensor
-from ..model.dispatch import layer_devices, main_device
+from ..cache import long_tensor
+from ..config import NonFiniteLogitsError
+from ..families import Layout
 from ..sampler.choose import RowKnobs
-from .request import NonFiniteLogitsError, Request
-
-MAX_CACHE_LEN = 8192      # cache positions per slot, at most (the model's context below)
-INITIAL_CACHE_LEN = 1024  # positions a slot starts with; doubled when a request needs more
-
-
-def new_slot_cache(model: Any, slots: int = 4) -> SlotKVCache:
-    """A KV cache for ``model``: up to its context + one block per slot, starting at
-    ``INITIAL_CACHE_LEN`` positions (see ``SlotKVCache``)."""
-    cfg = model.config
-    param = next(model.parameters())
-    length = min(cfg.max_position_embeddings, MAX_CACHE_LEN) + int(cfg.block_size or 0)
-    return SlotKVCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, length,
-                       param.dtype, main_device(model), slots,
-                       length=min(length, INITIAL_CACHE_LEN),
-                       layer_devices=layer_devices(model))   # device_map: each layer's own
+from .request import Request
 
 
 class Runner:
-    def __init__(self, model: Any, layout: Any, special: Any, device: torch.device,
+    def __init__(self, model: Any, layout: Layout, special: Any, device: torch.device,
                  slots: int = 4) -> None:
         self.model, self.layout, self.special, self.device = model, layout, special, device
-        self.kv = layout.new_cache(model, slots) if hasattr(layout, "new_cache") \
-            else new_slot_cache(model, slots)
+        self.kv = layout.new_cache(model, slots)
         self.forward_s = 0.0                 # the last step's time inside the model forward
         self._knobs: tuple[tuple[Request, ...], RowKnobs] | None = None
 
@@ -57,8 +42,7 @@ class Runner:
             req.uncond_slot = self.kv.take()
 
     def release(self, req: Request) -> None:
-        if hasattr(self.layout, "release"):      # a layout that keeps per-request state
-            self.layout.release(req)
+        self.layout.release(req)
         for slot in (req.slot, req.uncond_slot):
             if slot >= 0:
                 self.kv.give_back(slot)
@@ -94,9 +78,12 @@ class Runner:
 
     # ------------------------------------------------------------ the step
     def run(self, reqs: list[Request]) -> None:
-        """Forward, choose, commit: every request in ``reqs`` advances one step."""
-        if hasattr(self.layout, "run"):     # a layout with its own forward (gemma_layout.py)
-            return self.layout.run(self, reqs)
+        """Forward, choose, commit: every request in ``reqs`` advances one step, as its
+        layout runs it (the window forward below, or a decoder of the layout's own)."""
+        self.layout.run(self, reqs)
+
+    def forward_windows(self, reqs: list[Request]) -> None:
+        """The window layouts' step: one forward of every row's window, choose, commit."""
         # rows in slot order, slots 0..B-1: consecutive slots are read as one view of the
         # cache instead of a gather copying every row's keys in every layer
         self._compact(reqs)
@@ -189,9 +176,7 @@ class Runner:
                       ) -> torch.Tensor:
         """Fast-dLLM v2's first token (``first_token="greedy"``): a fresh block's first
         position is committed alone, by argmax, before the rest of the block."""
-        mask = self.special.mask
-        greedy = [self.layout.block_causal and r.params.first_token == "greedy"
-                  and r.lo == r.block_start and r.seq[r.lo] == mask for r in reqs]
+        greedy = [self.layout.first_only(r) for r in reqs]
         if not any(greedy):
             return take
         only_first = torch.zeros_like(take)

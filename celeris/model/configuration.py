@@ -1,7 +1,8 @@
-"""Model configurations: our canonical one and the upstream spellings.
+"""The model configuration: our canonical one, and helpers the families' readers share.
 
-All of them describe one Llama-style transformer; the upstream configs only rename fields and
-set the flags that differ:
+Every native family describes one Llama-style transformer; each family's config class
+(``celeris/families/<family>.py``) only renames its upstream fields onto ``CelerisConfig``
+and sets the flags that differ:
 
 - LLaDA (OLMo names: d_model, n_layers, ...) and Dream (Qwen2 names, q/k/v biases, logits
   shifted by one position) attend bidirectionally over the whole canvas.
@@ -24,16 +25,6 @@ ROUTER_SCORES = ("softmax", "sigmoid")
 # weights stay the unbiased scores); or added to the scores, which are then the weights
 # (LLaDA-MoE)
 ROUTER_BIASES = ("none", "select", "add")
-
-# Special ids a family's published checkpoints use but name neither in config.json nor in the
-# tokenizer config (they are given in the model cards); the tokenizer loader falls back on
-# them after the config, the tokenizer config and the vocabulary's own names.
-KNOWN_SPECIAL_IDS: dict[str, dict[str, int]] = {
-    "fast_dllm_v2": {"mask": 151665},              # |<MASK>|
-    "llada_moe": {"mask": 156895},                 # LLaDA-MoE-7B-A1B's card: generate(mask_id=)
-    "llada2": {"mask": 156895, "eos": 156892},     # <|mask|>, <|endoftext|>
-    "sdar_moe": {"mask": 151669},                  # <|MASK|>
-}
 
 
 class CelerisConfig(PretrainedConfig):
@@ -58,8 +49,8 @@ class CelerisConfig(PretrainedConfig):
                   ``router_topk_groups`` of ``router_groups`` groups), weighs them (normalised
                   if ``norm_topk_prob``, times ``routed_scaling_factor``) and adds the always-on
                   shared experts (``shared_expert_intermediate_size`` > 0).
-    family:       the upstream family a config was read from (e.g. "llada2"), for the special
-                  ids its checkpoints leave unnamed (KNOWN_SPECIAL_IDS).
+    family:       the registered family a config was read as (e.g. "llada2"; informational:
+                  the family itself is found by ``celeris.families``).
     """
 
     model_type = "celeris"
@@ -188,314 +179,17 @@ class CelerisConfig(PretrainedConfig):
         layers = range(self.num_hidden_layers) if self.moe_layers is None else self.moe_layers
         return frozenset(layers)
 
-    @property
-    def known_special_ids(self) -> dict[str, int]:
-        return dict(KNOWN_SPECIAL_IDS.get(self.family or "", {}))
 
-
-# Upstream LLaDA (OLMo lineage) field names -> ours.
-_LLADA_RENAMES = {
-    "d_model": "hidden_size", "n_heads": "num_attention_heads",
-    "n_kv_heads": "num_key_value_heads", "n_layers": "num_hidden_layers",
-    "mlp_hidden_size": "intermediate_size", "max_sequence_length": "max_position_embeddings",
-    "weight_tying": "tie_word_embeddings", "include_qkv_bias": "qkv_bias",
-}
-
-
-def _pop_unused(kwargs: dict, *names: str) -> None:
+def pop_unused(kwargs: dict, *names: str) -> None:
     """Drop upstream fields that change nothing at inference (dropouts, training knobs)."""
     for name in names:
         kwargs.pop(name, None)
 
 
-def _check_plain_rope_and_silu(kwargs: dict) -> None:
+def check_plain_rope_and_silu(kwargs: dict) -> None:
     rope = kwargs.pop("rope_scaling", None)
     if rope and rope.get("rope_type", rope.get("type", "default")) != "default":
         raise ValueError(f"rope_scaling {rope!r} is not supported (only plain RoPE)")
     act = kwargs.pop("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act must be silu (SwiGLU), got {act!r}")
-
-
-def _llada_moe_fields(kwargs: dict) -> None:
-    """inclusionAI/LLaDA-MoE-7B-A1B-*: model_type "llada" with OLMoE-style MoE keys.
-
-    Its router (modeling_lladamoe.py) takes the softmax of the gate logits, adds
-    ``expert_bias`` (when ``moe_router_enable_expert_bias``) and keeps the top-k of those sums,
-    which are also the weights: no renormalisation and no scaling, whatever
-    ``norm_topk_prob``/``routed_scaling_factor`` say. ``moe_layer_freq[i] == 0`` makes layer i
-    dense (``dense_intermediate_size``); a shared expert sits beside the routed ones when
-    ``shared_expert_intermediate_size`` is set. q/k RMSNorm is per head."""
-    _check_plain_rope_and_silu(kwargs)
-    freq = kwargs.pop("moe_layer_freq", None) or []
-    if freq and "moe_layers" not in kwargs:
-        kwargs["moe_layers"] = [i for i, f in enumerate(freq) if f]
-    for theirs, ours in (("dense_intermediate_size", "intermediate_size"),
-                         ("expert_intermediate_size", "moe_intermediate_size"),
-                         ("qk_layernorm", "qk_norm")):
-        if theirs in kwargs:
-            kwargs.setdefault(ours, kwargs.pop(theirs))
-    bias = bool(kwargs.pop("attention_bias", False))
-    kwargs.setdefault("qkv_bias", bias)
-    kwargs.setdefault("o_bias", bias)
-    if kwargs.pop("moe_router_enable_expert_bias", False):
-        kwargs.setdefault("router_bias", "add")
-    if (kwargs.get("partial_rotary_factor") or -1) <= 0:
-        kwargs["partial_rotary_factor"] = 1.0        # the upstream class defaults to -1
-    kwargs["norm_topk_prob"], kwargs["routed_scaling_factor"] = False, 1.0
-    kwargs.setdefault("family", "llada_moe")
-    _pop_unused(kwargs, "moe_router_score_function", "router_num_group", "router_topk_group",
-                "router_aux_loss_coef", "output_router_logits", "attention_dropout",
-                "use_cache")
-
-
-class LLaDAConfig(CelerisConfig):
-    """GSAI-ML/LLaDA-8B-* configs (model_type "llada"), read with their own field names, and
-    inclusionAI's LLaDA-MoE configs, which share the model_type (``_llada_moe_fields``).
-    iLLaDA uses the dense layout; its mask id (5) comes from its config.json like LLaDA's."""
-
-    model_type = "llada"
-
-    def __init__(self, **kwargs) -> None:
-        if "expert_intermediate_size" in kwargs or "moe_layer_freq" in kwargs:
-            _llada_moe_fields(kwargs)
-        for theirs, ours in _LLADA_RENAMES.items():
-            if theirs in kwargs:
-                value = kwargs.pop(theirs)
-                kwargs.setdefault(ours, value)
-        # The embedding matrix may be padded beyond the tokenizer's vocabulary.
-        if kwargs.get("embedding_size"):
-            kwargs["vocab_size"] = kwargs.pop("embedding_size")
-        if kwargs.get("include_bias"):
-            kwargs["qkv_bias"] = True
-        if kwargs.get("mlp_ratio") and "intermediate_size" not in kwargs:
-            kwargs["intermediate_size"] = kwargs["mlp_ratio"] * kwargs.get("hidden_size", 256)
-        kwargs.setdefault("rope_theta", 500000.0)
-        super().__init__(**kwargs)
-
-
-class DreamConfig(CelerisConfig):
-    """Dream-org/Dream-v0-* configs (model_type "Dream"): Qwen2 names, biases, shifted logits."""
-
-    model_type = "Dream"
-
-    def __init__(self, qkv_bias: bool = True, shift_logits: bool = True, **kwargs) -> None:
-        super().__init__(qkv_bias=qkv_bias, shift_logits=shift_logits, **kwargs)
-
-
-class FastDLLMQwenConfig(CelerisConfig):
-    """Efficient-Large-Model/Fast_dLLM_v2_* configs (model_type "Fast_dLLM_Qwen"): Qwen2.5
-    blocks with q/k/v biases, block-causal over ``bd_size`` positions, and logits shifted by
-    one position (the token at i is predicted from the state at i-1, as in the AR model it was
-    adapted from)."""
-
-    model_type = "Fast_dLLM_Qwen"
-
-    def __init__(self, bd_size: int = 32, qkv_bias: bool = True, shift_logits: bool = True,
-                 **kwargs) -> None:
-        qkv_bias = kwargs.pop("attention_bias", qkv_bias)    # Qwen's spelling
-        kwargs.setdefault("attention", "block_causal")
-        kwargs.setdefault("block_size", bd_size)
-        kwargs.setdefault("family", "fast_dllm_v2")
-        self.bd_size = bd_size
-        super().__init__(qkv_bias=qkv_bias, shift_logits=shift_logits, **kwargs)
-
-
-class SDARConfig(CelerisConfig):
-    """JetLM/SDAR-* configs (model_type "sdar"): Qwen3 blocks (per-head q/k RMSNorm, no
-    biases unless ``attention_bias``), block-causal, logits not shifted. The checkpoints do not
-    record their block length; SDAR's chat models were trained with blocks of 4, which is the
-    default here (``block_length``/``block_size`` in config.json override it)."""
-
-    model_type = "sdar"
-
-    def __init__(self, qk_norm: bool = True, **kwargs) -> None:
-        kwargs["qkv_bias"] = kwargs.pop("attention_bias", kwargs.get("qkv_bias", False))
-        kwargs.setdefault("attention", "block_causal")
-        if kwargs.get("block_size") is None:
-            kwargs["block_size"] = kwargs.pop("block_length", None) or 4
-        kwargs.setdefault("rms_norm_eps", 1e-6)
-        kwargs.setdefault("family", "sdar")
-        super().__init__(qk_norm=qk_norm, **kwargs)
-
-
-class LlamaAsBlockConfig(CelerisConfig):
-    """An autoregressive Llama checkpoint (model_type "llama", e.g. models/celeris-tiny-ar) read
-    as a block-causal model with blocks of one position and shifted logits: position i sees
-    positions <= i and the token at i is predicted from the state at i-1, which is exactly
-    causal next-token prediction. Decoding it with the block engine is then greedy
-    autoregressive decoding with the same kernels, cache and host loop as a diffusion model:
-    the bench's same-engine control for the AR twin (``transformers``' ``generate()`` stays the
-    twin's own path). Only Celeris's loader reads this; ``AutoConfig`` keeps transformers'
-    own Llama."""
-
-    model_type = "llama"
-
-    def __init__(self, **kwargs) -> None:
-        rope = kwargs.pop("rope_parameters", None) or kwargs.pop("rope_scaling", None) or {}
-        if rope.get("rope_type", "default") not in ("default", None):
-            raise ValueError(f"rope_type {rope.get('rope_type')!r} is not supported "
-                             "(only plain RoPE)")
-        if "rope_theta" in rope:
-            kwargs.setdefault("rope_theta", rope["rope_theta"])
-        if kwargs.pop("mlp_bias", False):
-            raise ValueError("mlp_bias=true is not supported")
-        act = kwargs.pop("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"hidden_act must be silu (SwiGLU), got {act!r}")
-        kwargs["qkv_bias"] = kwargs.pop("attention_bias", False)
-        for unused in ("attention_dropout", "pretraining_tp", "use_cache"):
-            kwargs.pop(unused, None)
-        kwargs.update(attention="block_causal", block_size=1, shift_logits=True)
-        super().__init__(**kwargs)
-
-
-class SDARMoeConfig(SDARConfig):
-    """JetLM/SDAR-*-A*B configs (model_type "sdar_moe"): SDAR's block-causal Qwen3 attention
-    with Qwen3-MoE's mixture of experts and its keys. A layer is sparse unless listed in
-    ``mlp_only_layers``, when (i + 1) is a multiple of ``decoder_sparse_step``; the router is
-    a softmax over the experts, top-k, renormalised when ``norm_topk_prob``; no shared
-    experts."""
-
-    model_type = "sdar_moe"
-
-    def __init__(self, **kwargs) -> None:
-        _check_plain_rope_and_silu(kwargs)
-        step = kwargs.pop("decoder_sparse_step", 1) or 1
-        dense = set(kwargs.pop("mlp_only_layers", None) or ())
-        layers = kwargs.get("num_hidden_layers", 0)
-        if kwargs.get("num_experts") and "moe_layers" not in kwargs:
-            kwargs["moe_layers"] = [i for i in range(layers)
-                                    if i not in dense and (i + 1) % step == 0]
-        kwargs.setdefault("family", "sdar_moe")
-        _pop_unused(kwargs, "router_aux_loss_coef", "output_router_logits", "use_cache",
-                    "attention_dropout", "use_sliding_window", "sliding_window",
-                    "max_window_layers")
-        super().__init__(**kwargs)
-
-
-class LLaDA2MoeConfig(CelerisConfig):
-    """inclusionAI/LLaDA2.0-*/LLaDA2.1-* configs (model_type "llada2_moe"), as read by their
-    modeling_llada2_moe.py: block-causal attention (blocks of 32 unless the config says
-    ``block_size``), one fused q/k/v projection, per-head q/k RMSNorm (``use_qk_norm``), RoPE
-    on the first ``partial_rotary_factor`` of each head, logits not shifted. The first
-    ``first_k_dense_replace`` layers are dense; the others route with sigmoid scores:
-    ``expert_bias`` picks the experts (the ``n_group`` groups ranked by the sum of their two
-    best biased scores, the best ``topk_group`` kept) but the weights are the unbiased scores
-    of the chosen experts, normalised (top-k > 1) and times ``routed_scaling_factor``; the
-    shared experts are one MLP of ``num_shared_experts * moe_intermediate_size``."""
-
-    model_type = "llada2_moe"
-
-    def __init__(self, **kwargs) -> None:
-        _check_plain_rope_and_silu(kwargs)
-        if "use_qkv_bias" in kwargs or "n_group" in kwargs or "first_k_dense_replace" in kwargs:
-            self._upstream_fields(kwargs)
-        if kwargs.get("block_size") is None:
-            kwargs["block_size"] = kwargs.pop("block_length", None) or 32
-        kwargs.setdefault("attention", "block_causal")
-        kwargs.setdefault("family", "llada2")
-        super().__init__(**kwargs)
-
-    @staticmethod
-    def _upstream_fields(kw: dict) -> None:
-        if not kw.get("num_key_value_heads"):
-            kw["num_key_value_heads"] = None                  # upstream 0: as many as heads
-        kw.setdefault("qkv_bias", bool(kw.pop("use_qkv_bias", False)))
-        kw.setdefault("qk_norm", bool(kw.pop("use_qk_norm", True)))
-        kw.setdefault("o_bias", bool(kw.pop("use_bias", True)))
-        kw.setdefault("fused_qkv", True)
-        kw.setdefault("partial_rotary_factor", 0.5)
-        kw.setdefault("rms_norm_eps", 1e-5)
-        kw.setdefault("max_position_embeddings", 16384)
-        experts = kw.setdefault("num_experts", 16) or 0
-        top_k = kw.setdefault("num_experts_per_tok", 2)
-        first_dense = kw.pop("first_k_dense_replace", 0) or 0
-        layers = kw.get("num_hidden_layers", 24)
-        kw.setdefault("moe_layers", list(range(first_dense, layers)) if experts else [])
-        shared = kw.pop("num_shared_experts", 0) or 0
-        kw.setdefault("shared_expert_intermediate_size",
-                      shared * (kw.get("moe_intermediate_size") or 0))
-        score = kw.pop("score_function", "sigmoid")
-        kw.setdefault("router_score", score)
-        kw.setdefault("router_bias", "select")                # the gate's expert_bias buffer
-        kw.setdefault("router_groups", kw.pop("n_group", 8))
-        kw.setdefault("router_topk_groups", kw.pop("topk_group", 4))
-        kw.setdefault("routed_scaling_factor", 2.5)
-        kw["norm_topk_prob"] = top_k > 1                      # the upstream rule, not the key
-        kw.setdefault("router_fp32", True)
-        _pop_unused(kw, "norm_head", "embedding_dropout", "attention_dropout", "output_dropout",
-                    "use_cache", "use_sliding_window", "sliding_window", "max_window_layers",
-                    "output_router_logits", "moe_router_enable_expert_bias", "router_dtype",
-                    "rotary_dim")
-
-
-
-
-
-class DiffusionGemmaConfig(PretrainedConfig):
-    """A DiffusionGemma checkpoint's config.json (model_type "diffusion_gemma", class
-    DiffusionGemmaForBlockDiffusion), read for the engine; the model itself is transformers'
-    (``diffusion_gemma.py``), built from the same file. The text part (``text_config``) is
-    flattened onto this object; the vision tower is loaded but not used (text prompts only).
-
-    The engine's attributes: ``block_causal`` (canvases are blocks, each sees every earlier
-    one through the encoder's cache), ``block_size`` (= ``canvas_length``) and
-    ``mask_token_id``: DiffusionGemma has no mask token, so the engine's "not yet final"
-    marker is the id ``vocab_size``, which no real token can take.
-    """
-
-    model_type = "diffusion_gemma"
-
-    def __init__(self, text_config: dict | None = None, vision_config: dict | None = None,
-                 canvas_length: int = 256, **kwargs) -> None:
-        text = dict(text_config or {})
-        if hasattr(text_config, "to_dict"):
-            text = text_config.to_dict()
-        self.vocab_size = text.get("vocab_size", 262_144)
-        self.hidden_size = text.get("hidden_size", 2304)
-        self.num_hidden_layers = text.get("num_hidden_layers", 30)
-        self.max_position_embeddings = text.get("max_position_embeddings", 131_072)
-        self.sliding_window = text.get("sliding_window", 512)
-        self.use_bidirectional_attention = text.get("use_bidirectional_attention")
-        self.num_experts = text.get("num_experts")
-        self.top_k_experts = text.get("top_k_experts")
-        self.canvas_length = canvas_length
-        eos = text.get("eos_token_id", kwargs.pop("eos_token_id", 1))
-        eos_ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        # the engine's stop ids: the tokenizer's EOS, and a second configured EOS as EoT
-        self.eot_token_id = eos_ids[1] if len(eos_ids) > 1 else None
-        self.attention, self.block_size, self.shift_logits = "block_causal", canvas_length, False
-        self.family = "diffusion_gemma"
-        for unused in ("boi_token_id", "eoi_token_id", "image_token_id", "initializer_range",
-                       "dtype", "torch_dtype"):
-            kwargs.pop(unused, None)
-        super().__init__(pad_token_id=text.get("pad_token_id", 0), eos_token_id=eos_ids[0],
-                         bos_token_id=text.get("bos_token_id", 2), **kwargs)
-        # set after PretrainedConfig's checks, which expect a mask id inside the vocabulary
-        self.mask_token_id = self.vocab_size if isinstance(self.vocab_size, int) else None
-        self._check()
-
-    @property
-    def block_causal(self) -> bool:
-        return True
-
-    def _check(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "canvas_length",
-                     "sliding_window", "max_position_embeddings"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"config field {name} must be a positive integer, "
-                                 f"got {value!r}")
-        if self.use_bidirectional_attention not in (None, "vision"):
-            raise ValueError(f"config field use_bidirectional_attention must be null or "
-                             f"'vision' (the engine encodes the prompt and each finished "
-                             f"canvas once, causally), got "
-                             f"{self.use_bidirectional_attention!r}")
-
-
-CONFIG_CLASSES = {cls.model_type: cls for cls in (CelerisConfig, LLaDAConfig, DreamConfig,
-                                                  FastDLLMQwenConfig, SDARConfig,
-                                                  LlamaAsBlockConfig, SDARMoeConfig,
-                                                  LLaDA2MoeConfig,
-                                                  DiffusionGemmaConfig)}

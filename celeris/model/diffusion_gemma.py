@@ -14,7 +14,8 @@ that cache without writing it. Celeris adds what an engine needs around it:
   of different prompt lengths and ages share one decoder forward;
 - ``denoise``: that decoder forward with per-row positions and self-conditioning.
 
-The sampler, scheduling and streaming are the engine's (``engine/gemma_layout.py``).
+The sampler is its layout's (``celeris/families/gemma_layout.py``); the config reader and
+the family's declaration are in ``celeris/families/diffusion_gemma.py``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelLoadError
-from .configuration import DiffusionGemmaConfig
 
 # The reference generate()'s defaults when a checkpoint's generation_config.json is silent
 # (DiffusionGemmaGenerationConfig._get_default_generation_params).
@@ -60,7 +60,7 @@ class DiffusionGemma(nn.Module):
     the batch's canvases. ``config`` is Celeris's reading of the same config.json (the
     engine's fields: canvas, vocabulary, stop ids)."""
 
-    def __init__(self, hf: nn.Module, config: DiffusionGemmaConfig) -> None:
+    def __init__(self, hf: nn.Module, config: Any) -> None:
         super().__init__()
         self.hf, self.config = hf, config
         self.layer_types = list(hf.config.get_text_config().layer_types)
@@ -127,7 +127,7 @@ class DiffusionGemma(nn.Module):
 
 
 # ---------------------------------------------------------------------- loading
-def load_diffusion_gemma(config: DiffusionGemmaConfig, model_dir: Path, device: torch.device,
+def load_diffusion_gemma(config: Any, model_dir: Path, device: torch.device,
                          dtype: torch.dtype) -> DiffusionGemma:
     """transformers' model from the checkpoint directory, every weight accounted for: a
     missing or unexpected tensor is refused by name (transformers would only warn)."""

@@ -164,3 +164,16 @@ def _clear_index(folder: Path) -> None:
     if stale.is_file():
         os.remove(stale)
 
+
+def memory_info(device: torch.device) -> dict[str, Any]:
+    """GPU memory via torch on CUDA, process RSS on CPU, labelled which."""
+    if device.type == "cuda":
+        return {"memory_kind": "gpu", "memory_bytes": torch.cuda.memory_allocated(device),
+                "memory_peak_bytes": torch.cuda.max_memory_allocated(device)}
+    try:
+        import psutil
+        rss = psutil.Process().memory_info().rss
+    except ImportError:
+        import resource
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"memory_kind": "rss", "memory_bytes": rss}

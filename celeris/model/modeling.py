@@ -5,7 +5,8 @@ with no causal mask. ``config.attention`` decides what a position sees: every re
 (bidirectional: LLaDA, Dream, celeris-tiny) or every earlier block and its own block
 (block_causal: Fast-dLLM v2, SDAR, celeris-tiny-bd; blocks are counted in absolute positions,
 so the mask follows from the RoPE positions alone). Parameter names follow the Qwen2/Qwen3
-spelling; ``weights.py`` maps LLaDA's OLMo-style names and LLaDA2's onto them. The
+spelling; each family's renames (``celeris/families/``) map LLaDA's OLMo-style names and
+LLaDA2's onto them. The
 mixture-of-experts families swap some layers' MLP for ``moe.SparseMoE``, and may fuse the q/k/v
 projection (LLaDA2), rotate only part of each head (``partial_rotary_factor``), add a bias to
 the output projection or clamp q/k/v (LLaDA-MoE's OLMoE lineage).
@@ -26,8 +27,7 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from ..config import ModelLoadError
 from ..kernels import fused_kernels, rms_norm, rope_qk
-from .configuration import (CelerisConfig, DreamConfig, FastDLLMQwenConfig, LLaDA2MoeConfig,
-                            LLaDAConfig, SDARConfig, SDARMoeConfig)
+from .configuration import CelerisConfig
 from .dispatch import hooked as dispatch_hooked
 from .moe import Experts, Router, SparseMoE, SwiGLU
 from .packed import PACK_MAX_BYTES, PackedWeights, packable, packed_layers, signed_sin, unpack_rows
@@ -353,27 +353,3 @@ def default_positions(input_ids: torch.Tensor, attention_mask: torch.Tensor | No
         return torch.arange(W, device=input_ids.device).expand_as(input_ids)
     pos = attention_mask.long().cumsum(-1) - 1                                     # (B, Lk)
     return pos[:, -W:].clamp(min=0)
-
-
-class LLaDAModelLM(CelerisForMaskedDiffusion):
-    config_class = LLaDAConfig
-
-
-class DreamModel(CelerisForMaskedDiffusion):
-    config_class = DreamConfig
-
-
-class FastDLLMQwenModel(CelerisForMaskedDiffusion):
-    config_class = FastDLLMQwenConfig
-
-
-class SDARModel(CelerisForMaskedDiffusion):
-    config_class = SDARConfig
-
-
-class SDARMoeForCausalLM(CelerisForMaskedDiffusion):
-    config_class = SDARMoeConfig
-
-
-class LLaDA2MoeModelLM(CelerisForMaskedDiffusion):
-    config_class = LLaDA2MoeConfig

@@ -2,8 +2,8 @@
 
 The model is built on the meta device (no memory) and each tensor is read memory-mapped from
 safetensors straight into its final dtype and device, so an 8B checkpoint never needs twice its
-size in RAM. Upstream parameter names (LLaDA's OLMo spelling, LLaDA2's and LLaDA-MoE's) are
-renamed on the fly, and per-expert tensors (``mlp.experts.<e>.gate_proj.weight``, ...) are
+size in RAM. Upstream parameter names are renamed on the fly by the family's renames
+(``celeris/families/``: LLaDA's OLMo spelling, LLaDA2's and LLaDA-MoE's), and per-expert tensors (``mlp.experts.<e>.gate_proj.weight``, ...) are
 copied into the stacked expert parameters of ``moe.Experts``.
 """
 
@@ -18,57 +18,13 @@ from typing import Callable, Iterator
 import torch
 
 from ..config import ModelLoadError, normalize_device, normalize_dtype
-from .configuration import CONFIG_CLASSES, CelerisConfig, DiffusionGemmaConfig
-from .diffusion_gemma import load_diffusion_gemma
+from .configuration import CelerisConfig
 from .dispatch import load_dispatched
 from .modeling import CelerisForMaskedDiffusion
 
-_LLADA_BLOCK = {
-    "attn_norm": "input_layernorm", "ff_norm": "post_attention_layernorm",
-    "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-    "attn_out": "self_attn.o_proj", "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-    "ff_out": "mlp.down_proj",
-}
-# LLaDA's OLMo-style names -> ours, as (regex, replacement) pairs: one table for our loader
-# (``canonical_name``) and for transformers' Auto path (registered as WeightRenamings in
-# ``celeris.model``). Dream, Fast-dLLM v2 and SDAR already use our (Qwen2/Qwen3) names.
-LLADA_RENAMES: tuple[tuple[str, str], ...] = (
-    (r"^model\.transformer\.wte\.", "model.embed_tokens."),
-    (r"^model\.transformer\.ln_f\.", "model.norm."),
-    (r"^model\.transformer\.ff_out\.", "lm_head."),
-) + tuple((rf"^model\.transformer\.blocks\.(\d+)\.{theirs}\.", rf"model.layers.\1.{ours}.")
-          for theirs, ours in _LLADA_BLOCK.items())
-_LAYER = r"^(model\.layers\.\d+)\."
-# LLaDA-MoE (model_type "llada" too): the shared expert hangs off the layer, the expert bias
-# off the MoE block; ours sit under the MoE block and its router.
-LLADA_MOE_RENAMES: tuple[tuple[str, str], ...] = (
-    (_LAYER + r"shared_expert\.", r"\1.mlp.shared_experts."),
-    (_LAYER + r"mlp\.expert_bias", r"\1.mlp.gate.expert_bias"),
-)
-# LLaDA2.x (Ling/Bailing names): fused query_key_value, dense output, per-head q/k norms.
-LLADA2_RENAMES: tuple[tuple[str, str], ...] = (
-    (r"^model\.word_embeddings\.", "model.embed_tokens."),
-    (_LAYER + r"attention\.query_key_value\.", r"\1.self_attn.qkv_proj."),
-    (_LAYER + r"attention\.dense\.", r"\1.self_attn.o_proj."),
-    (_LAYER + r"attention\.query_layernorm\.", r"\1.self_attn.q_norm."),
-    (_LAYER + r"attention\.key_layernorm\.", r"\1.self_attn.k_norm."),
-)
-# model_type -> its renames (Dream, Fast-dLLM v2, SDAR and SDAR-MoE already use our names)
-RENAMES: dict[str, tuple[tuple[str, str], ...]] = {
-    "llada": LLADA_RENAMES + LLADA_MOE_RENAMES, "llada2_moe": LLADA2_RENAMES,
-}
-_COMPILED = {kind: tuple((re.compile(src), dst) for src, dst in table)
-             for kind, table in RENAMES.items()}
 # one expert's tensor in the upstream (per-expert ModuleList) layout
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)"
                      r"\.weight$")
-
-
-def canonical_name(name: str, model_type: str = "llada") -> str:
-    """Map an upstream parameter name onto ours (Qwen2/Qwen3 names are already ours)."""
-    for pattern, replacement in _COMPILED.get(model_type, ()):
-        name = pattern.sub(replacement, name, count=1)
-    return name
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -116,7 +72,8 @@ def _download(repo_id: str) -> Path:
                              f"{hint}") from None
 
 
-def load_config(model_dir: Path) -> CelerisConfig:
+def read_config_json(model_dir: Path) -> dict:
+    """config.json as a dict (a clear error when it is missing or not JSON)."""
     path = model_dir / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{path} is missing: a model directory needs config.json")
@@ -124,16 +81,9 @@ def load_config(model_dir: Path) -> CelerisConfig:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{path} is not valid JSON: {exc}") from None
-    model_type = raw.get("model_type")
-    if model_type not in CONFIG_CLASSES:
-        raise ModelLoadError(f"{path}: model_type {model_type!r} is not a supported architecture; "
-                             f"supported: {', '.join(CONFIG_CLASSES)}")
-    for key in ("auto_map", "architectures", "model_type", "transformers_version"):
-        raw.pop(key, None)
-    try:
-        return CONFIG_CLASSES[model_type](**raw)
-    except (TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return raw
 
 
 def weight_files(model_dir: Path) -> list[Path]:
@@ -167,36 +117,31 @@ def iter_tensors(files: list[Path], device: torch.device) -> Iterator[tuple[str,
             raise ModelLoadError(f"cannot read weights from {f}: {exc}") from None
 
 
-def load_model(path_or_id: str | os.PathLike, device: str = "auto", dtype: str = "auto",
-               device_map: str | None = None, max_memory: dict | None = None,
-               offload_folder: str | None = None) -> tuple[CelerisForMaskedDiffusion, Path]:
-    """The native model of a checkpoint directory (or hub id), evaluation mode. With
-    ``device_map="auto"`` its layers are spread over the GPUs, CPU memory and disk
-    (``dispatch.py``; ``max_memory`` {GPU index | "cpu": bytes}, ``offload_folder`` for disk)."""
-    model_dir = resolve_model_dir(path_or_id)
-    config = load_config(model_dir)
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    if isinstance(config, DiffusionGemmaConfig):     # encoder + canvas decoder: its own model
-        if device_map is not None:
-            raise ModelLoadError("device_map: DiffusionGemma checkpoints load on one device; "
-                                 "leave device_map unset (None)")
-        weight_files(model_dir)                      # a clear error when there are none
-        return load_diffusion_gemma(config, model_dir, dev, dt), model_dir
+Rename = Callable[[str], str]     # a checkpoint tensor name -> ours
+
+
+def load_native(model_dir: Path, config: CelerisConfig, rename: Rename, device: torch.device,
+                dtype: torch.dtype, device_map: str | None = None, max_memory: dict | None = None,
+                offload_folder: str | None = None) -> CelerisForMaskedDiffusion:
+    """The native model of a checkpoint directory, evaluation mode, its tensors renamed by
+    the family's ``rename``. With ``device_map="auto"`` its layers are spread over the GPUs,
+    CPU memory and disk (``dispatch.py``; ``max_memory`` {GPU index | "cpu": bytes},
+    ``offload_folder`` for disk)."""
     with torch.device("meta"):
         model = CelerisForMaskedDiffusion(config)
     files = weight_files(model_dir)
     if device_map is not None:      # read on the CPU, each tensor put on its planned device
         cpu = torch.device("cpu")
-        load_dispatched(model, dt, lambda place: _fill(model, files, cpu, dt, model_dir, place),
+        load_dispatched(model, dtype, lambda place: _fill(model, files, cpu, dtype, model_dir,
+                                                          rename, place),
                         max_memory, offload_folder)
     else:
-        _fill(model, files, dev, dt, model_dir, None)
-    return model.eval(), model_dir
+        _fill(model, files, device, dtype, model_dir, rename, None)
+    return model.eval()
 
 
 def _fill(model: CelerisForMaskedDiffusion, files: list[Path], dev: torch.device,
-          dt: torch.dtype, model_dir: Path,
+          dt: torch.dtype, model_dir: Path, rename: Rename,
           place: Callable[[str, torch.Tensor], torch.Tensor] | None) -> None:
     """Stream the checkpoint's tensors (renamed, experts stacked, shapes checked) into the
     meta-device ``model``; ``place`` (a dispatched load) puts each on its device."""
@@ -207,7 +152,7 @@ def _fill(model: CelerisForMaskedDiffusion, files: list[Path], dev: torch.device
     for name, tensor in iter_tensors(files, dev):
         if experts.take(name, tensor):
             continue
-        ours = canonical_name(name, config.model_type)
+        ours = rename(name)
         if ours not in expected:
             continue   # e.g. rotary caches or heads we do not use
         _check_shape(name, tensor, expected[ours], model_dir)

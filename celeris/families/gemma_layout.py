@@ -6,8 +6,8 @@ canvas sees the prompt and every finished canvas through an exact cache. What di
 ``BlockLayout`` is how a canvas is decoded, so this layout runs its own step for its rows
 (``run``, called by ``Runner.run``): the model is an encoder/decoder pair with a per-layer
 cache of two head shapes, which the runner's one-window forward and ``SlotKVCache`` do not
-describe. The runner keeps everything else (admission, slot numbers, release), and the engine
-its one step, finish rule, events, ``generate``/``stream`` and the server.
+describe. The runner keeps everything else (admission, slot numbers from a ``SlotPool``, release), and
+the engine its one step, finish rule, events, ``generate``/``stream`` and the server.
 
 One step of a request (the reference's ``generate()``, transformers' diffusion_gemma):
 
@@ -25,10 +25,10 @@ One step of a request (the reference's ``generate()``, transformers' diffusion_g
    the mean entropy is below ``confidence_threshold``, or after ``max_denoising_steps`` steps
    (``steps`` per canvas when the request gives it); its argmax is then committed at once.
 
-A step that does not finish its canvas commits nothing, and its event shows the canvas's
-draft (the step's argmax, what would be committed) in place of the masks, listed in
-``StepEvent.draft``: the playground draws tokens changing, not masks disappearing. The
-event's ``text`` stays the accepted text only.
+A step that does not finish its canvas commits nothing and leaves the canvas's draft (the
+step's argmax, what would be committed) in ``Request.draft``; its event shows the draft in
+place of the masks, listed in ``StepEvent.draft``: the playground draws tokens changing, not
+masks disappearing. The event's ``text`` stays the accepted text only.
 
 Random draws come from the request's own generator in the reference's order (canvas, then per
 step the samples and the renoising draw, also at temperature 0), so a request seeded like
@@ -43,16 +43,19 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from ..cache import SlotKVCache
+from ..cache import SlotPool
+from ..config import NonFiniteLogitsError
 from ..model.diffusion_gemma import SAMPLER_DEFAULTS, GemmaCache
-from .families import infill_refusal
-from .request import NonFiniteLogitsError, Request
+from .layouts import infill_refusal
+
+if TYPE_CHECKING:
+    from ..engine.request import Request
 
 
 @dataclass(eq=False)
@@ -66,7 +69,6 @@ class _CanvasState:
     history: torch.Tensor | None = None      # (S, 1, L) the last S argmax canvases
     left: int = 0                            # denoising steps left for this canvas
     total: int = 0                           # denoising steps this canvas may take
-    draft: list[int] | None = None           # the argmax on the host, if not committed
 
 
 class GemmaLayout:
@@ -79,15 +81,22 @@ class GemmaLayout:
         self.mask, self.block_size = mask, int(config.canvas_length)
         self.vocab = int(config.vocab_size)
         self.sampler = dict(getattr(config, "sampler", None) or SAMPLER_DEFAULTS)
-        self.states: weakref.WeakKeyDictionary[Request, _CanvasState] = \
+        self.states: weakref.WeakKeyDictionary["Request", _CanvasState] = \
             weakref.WeakKeyDictionary()
         self._batch: tuple | None = None     # the decoder's batch cache for the last batch
 
     # ------------------------------------------------------------ the layout questions
-    def stops_at_eos(self, req: Request) -> bool:
+    def defaults(self) -> dict[str, Any]:
+        """One canvas a unit, the encoder cache kept, the checkpoint's step count."""
+        return {"block_length": self.block_size, "cache": "prefix", "steps": None}
+
+    def fit_defaults(self, changes: dict[str, Any]) -> dict[str, Any]:
+        return changes
+
+    def stops_at_eos(self, req: "Request") -> bool:
         return True
 
-    def start(self, req: Request) -> None:
+    def start(self, req: "Request") -> None:
         """The first canvas; at temperature 0 without a seed the canvas noise is drawn from
         seed 0, so that temperature 0 is deterministic here as for every other family (the
         result reports the seed used)."""
@@ -100,16 +109,14 @@ class GemmaLayout:
         req.lo, req.hi = P, min(P + L, req.end)
         self.states[req] = _CanvasState()
 
-    def after_forward(self, req: Request) -> None:
+    def after_forward(self, req: "Request") -> None:
         cache = self.states[req].cache
         req.cached = 0 if cache is None else cache.length
 
-    def advance(self, req: Request) -> None:
+    def advance(self, req: "Request") -> None:
         """A committed canvas opens the next one (the answer is not over: the engine ended
-        the request otherwise); an unfinished one shows its draft in this step's event (the
-        engine built the event just before)."""
+        the request otherwise)."""
         if self.mask in req.seq[req.lo:req.hi]:
-            self._show_draft(req)
             return
         L = self.block_size
         req.block_start += L
@@ -117,17 +124,6 @@ class GemmaLayout:
         req.lo, req.hi = req.block_start, min(req.block_start + L, req.end)
         req.blocks_done += 1
         req.unit += 1
-
-    def _show_draft(self, req: Request) -> None:
-        """The step's event with the draft tokens in the canvas's masked positions."""
-        st, ev = self.states.get(req), req.pending
-        if st is None or st.draft is None or ev is None:
-            return
-        P, canvas = req.prompt_len, list(ev.canvas)
-        draft = tuple(i - P for i in range(req.lo, req.hi) if req.seq[i] == self.mask)
-        for j in draft:
-            canvas[j] = st.draft[j + P - req.lo]
-        req.pending = replace(ev, canvas=tuple(canvas), draft=draft)
 
     def check(self, params: Any, canvas: Any = None, model: str = "DiffusionGemma") -> None:
         """What DiffusionGemma's sampler cannot honour, refused with the field named."""
@@ -156,17 +152,16 @@ class GemmaLayout:
                                  f"entropy-bound sampler decides what a step accepts and has "
                                  f"no such option), got {getattr(params, name)!r}")
 
-    def new_cache(self, model: Any, slots: int) -> SlotKVCache:
+    def new_cache(self, model: Any, slots: int) -> SlotPool:
         """Slot numbers only: the keys/values live in each request's ``GemmaCache``."""
-        param = next(model.parameters())
-        return SlotKVCache(1, 1, 1, 1, param.dtype, param.device, slots)
+        return SlotPool(slots)
 
-    def release(self, req: Request) -> None:
+    def release(self, req: "Request") -> None:
         self.states.pop(req, None)
         self._batch = None
 
     # ------------------------------------------------------------ the step
-    def run(self, runner: Any, reqs: list[Request]) -> None:
+    def run(self, runner: Any, reqs: list["Request"]) -> None:
         """Encode what is new, one decoder forward for every row, sample, commit."""
         model, dev = runner.model, runner.device
         reqs = sorted(reqs, key=lambda r: r.slot)
@@ -210,13 +205,13 @@ class GemmaLayout:
             r.nfe += 1
             w = r.hi - r.lo
             if row[0] > 0 or st.left == 0:     # stable and confident, or out of steps
-                st.left, st.draft = 0, None
+                st.left, r.draft = 0, ()
                 r.commit(row[2:2 + w], [1.0] * w, row[2 + L:2 + L + w], self.mask, stop)
             else:
-                st.draft = [int(t) for t in row[2:2 + w]]
+                r.draft = tuple(int(t) for t in row[2:2 + w])
                 r.commit([], [], [], self.mask, stop)
 
-    def _new_canvas(self, r: Request, st: _CanvasState, dev: torch.device) -> None:
+    def _new_canvas(self, r: "Request", st: _CanvasState, dev: torch.device) -> None:
         s, g = self.sampler, r.generator
         st.canvas = torch.randint(0, self.vocab, (1, self.block_size), generator=g, device=dev)
         st.argmax, st.sc = st.canvas, None
@@ -226,7 +221,7 @@ class GemmaLayout:
         st.total = st.left = p.steps_per_block if p.steps is not None \
             else s["max_denoising_steps"]
 
-    def _sample(self, r: Request, st: _CanvasState, raw: torch.Tensor, bad: torch.Tensor
+    def _sample(self, r: "Request", st: _CanvasState, raw: torch.Tensor, bad: torch.Tensor
                 ) -> torch.Tensor:
         """One step of the entropy-bound sampler for one row, raw (1, L, V) float32 ->
         [done, non-finite, argmax (L), top probability (L)] as one float64 row."""

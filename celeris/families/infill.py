@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..params import GenerationParams
-from .families import split_infill
 
 
 def infill_canvas(tokenizer: Any, text: str, params: GenerationParams, span: int,
@@ -34,3 +33,16 @@ def infill_canvas(tokenizer: Any, text: str, params: GenerationParams, span: int
     gen = -(-len(canvas) // bl) * bl
     canvas += [special.stop[0]] * (gen - len(canvas))       # pinned end of text
     return ids, canvas, params.replace(gen_length=gen, block_length=bl, steps=None)
+
+
+def split_infill(text: str, marker: str = "[MASK]") -> list[str]:
+    """The pinned pieces of an infill text around its ``marker`` spans.
+
+    A space right before a span moves into the span: byte-level BPE and SentencePiece
+    vocabularies spell a word with its leading space (``" cat"``), so ``"a [MASK]"`` must
+    become ``"a"`` + masked positions, not ``"a "`` + a lone space token the model never saw
+    in training followed by space-less words.
+    """
+    parts = text.split(marker)
+    return [p[:-1] if i < len(parts) - 1 and p.endswith(" ") else p
+            for i, p in enumerate(parts)]
