@@ -249,3 +249,35 @@ def test_a_full_attention_canvas_never_runs_past_the_context(canvas_model):
     assert outs["edge"][-1].finish == "length"
     with pytest.raises(celeris.ContextLengthError):
         engine.generate(prompt, params.replace(gen_length=13))
+
+
+@pytest.mark.parametrize("family", ["block", "canvas"])
+def test_a_request_whose_forward_raises_fails_alone_and_its_batch_mates_are_unchanged(
+        family, block_model, canvas_model):
+    """A row that makes the forward raise (any error but out of memory) fails by itself:
+    the step is retried row by row, and the healthy rows' tokens equal their solo runs."""
+    model = block_model if family == "block" else canvas_model
+    params = celeris.GenerationParams(gen_length=12, block_length=4,
+                                      **({"cache": "prefix"} if family == "block" else {}))
+    poison = 60                                   # a token only the poisoned prompt holds
+    prompts = {"a": PROMPTS[0], "bad": (*PROMPTS[1], poison), "b": PROMPTS[2]}
+    engine = bare_engine(model, 3, 0, (2,))
+    forward = engine.runner.model
+
+    def poisoned(ids, **kwargs):
+        if bool((ids == poison).any()):
+            raise RuntimeError("cannot reshape tensor of 0 elements")
+        return forward(ids, **kwargs)
+
+    engine.runner.model = poisoned
+    results = {}
+    for rid, prompt in prompts.items():
+        engine.submit(list(prompt), params.replace(seed=1), rid, None,
+                      lambda item, rid=rid: results.__setitem__(rid, item), events=False)
+    finish(engine)
+    assert isinstance(results["bad"], RuntimeError)
+    for rid in ("a", "b"):
+        alone = bare_engine(model, 3, 0, (2,)).generate(list(prompts[rid]),
+                                                         params.replace(seed=1))
+        assert results[rid].token_ids == alone.token_ids and results[rid].token_ids
+        assert results[rid].finish_reason == alone.finish_reason

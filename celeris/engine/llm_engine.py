@@ -129,17 +129,29 @@ class Engine:
             req.note_progress()
 
     def _run(self, batch: list[Request]) -> None:
-        """The forward of a step; a failure ends the batch's requests, not the engine."""
-        try:
-            self.runner.run(batch)
-        except Exception as exc:     # e.g. out of memory: the batch fails, the loop goes on
-            log.exception("denoising step failed")
-            failure = capacity_error(exc, self.scheduler.retry_after())
-            for req in batch:
-                req.failure = failure
+        """The forward of a step; a failure ends requests, not the engine."""
+        self._forward(batch)
         failed = any(r.failure is not None for r in batch)
         self.step_failures = self.step_failures + 1 if failed else 0
         self.step_failures_total += int(failed)
+
+    def _forward(self, batch: list[Request]) -> None:
+        """Out of memory fails the batch (a capacity problem); any other error is a
+        request's own: each row is then run alone, and only the rows that fail alone fail
+        (a step that raised committed nothing, so the others take their step as if alone)."""
+        try:
+            self.runner.run(batch)
+        except Exception as exc:
+            failure = capacity_error(exc, self.scheduler.retry_after())
+            if failure is exc and len(batch) > 1:
+                log.warning("a batched step failed (%s); running its rows alone",
+                            type(exc).__name__)
+                for req in batch:
+                    self._forward([req])
+                return
+            log.exception("denoising step failed")
+            for req in batch:
+                req.failure = failure
 
     def run_step(self) -> None:
         """Step under the model lock and deliver what the step produced."""
