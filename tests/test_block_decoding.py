@@ -216,8 +216,8 @@ def test_prefix_decoding_at_threshold_one_is_left_to_right_greedy(engine):
 def test_kv_cache_slots_start_short_and_grow_with_the_longest_request(engine, monkeypatch):
     """A slot starts at INITIAL_CACHE_LEN positions, not the whole context; a request that
     reaches past it doubles every slot's length mid-flight, keeping what was cached."""
-    from celeris.engine import runner
-    monkeypatch.setattr(runner, "INITIAL_CACHE_LEN", 8)
+    from celeris.families import layouts
+    monkeypatch.setattr(layouts, "INITIAL_CACHE_LEN", 8)
     fresh = Engine(engine.model, engine.tokenizer, engine.model_dir, engine.config)
     params = fresh.default_params()
     want = [engine.generate(p, params.replace(cache="none")).token_ids for p in PROMPTS]

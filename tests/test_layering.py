@@ -20,6 +20,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "L1": ("celeris.kernels", "celeris.tokenizer"),
     "L2": ("celeris.cache", "celeris.model"),
     "L3": ("celeris.sampler",),
+    "LF": ("celeris.families",),
     "L4": ("celeris.engine", "celeris.ar_baseline"),
     "L5": ("celeris.server", "celeris.bench", "celeris.batch", "celeris.train", "celeris.evals",
            "celeris.cli", "celeris.space"),
@@ -35,7 +36,9 @@ ALLOWED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "L1": (("L0", "L1"), ()),
     "L2": (("L0", "L1", "L2"), ()),
     "L3": (("L0", "L1", "L3"), ("celeris.cache",)),  # the model only through a protocol
-    "L4": (("L0", "L1", "L2", "L3", "L4"), ()),
+    # the families declare configs, models and layouts; the engine runs what they declare
+    "LF": (("L0", "L1", "L2", "L3", "LF"), ()),
+    "L4": (("L0", "L1", "L2", "L3", "LF", "L4"), ()),
     "L5": (("facade", "L0", "L5"), ()),
     "ui": (("facade", "ui"), ("celeris.params", "celeris.outputs")),
     "app": (("facade", "ui"), ("celeris.server",)),
@@ -213,6 +216,8 @@ def test_walker_sees_existing_files():
     ("celeris.kernels.gumbel", "celeris.cache"),         # L1 -> L2
     ("celeris.model.tiny", "celeris.sampler"),           # L2 -> L3
     ("celeris.engine", "celeris.server"),                # L4 -> L5
+    ("celeris.families.llada", "celeris.engine.runner"),  # a family never drives the engine
+    ("celeris.model.weights", "celeris.families"),       # the model layer knows no family
     ("celeris.engine", "celeris"),                       # inner layers avoid the facade
     ("celeris.engine", "ui.canvas"),                     # celeris never imports ui
     ("celeris.cli", "celeris.engine"),                   # L5 uses public names only

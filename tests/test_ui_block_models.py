@@ -10,13 +10,14 @@ model (EngineSlot.canvas_model). The tabs' generators are driven directly.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
 import ui
 from celeris import Engine, GenerationParams
-from celeris.engine import check_block_params
+from celeris.families import BlockLayout
 from tests.tiny_model import make_tiny_model_dir
 from ui import limits, render
 from ui.api_tab import snippets
@@ -28,6 +29,12 @@ from ui.settings import FIELDS, PRESETS, build_params, preset_settings, preset_v
 from ui.trajectory import Trajectory
 
 PROMPT = "Once upon a time"
+
+
+def check_block_params(params: GenerationParams, size: int) -> None:
+    """What the engine asks of a request for a block-causal model of ``size`` (its layout)."""
+    BlockLayout(SimpleNamespace(block_size=size), 0).check(params)
+
 BLOCK_SIZES = (4, 8, 16)
 
 
