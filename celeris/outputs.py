@@ -35,6 +35,8 @@ class StepEvent:
                  yet (DiffusionGemma's uniform-noise canvas: tokens that change from step to
                  step, then are accepted at once); they count as masked in ``num_masked``
                  and are not part of ``text``.
+    forced:      those ``committed`` positions the grammar wrote without the model choosing
+                 them (structured output's jump-forward: a fixed key, a closing brace).
     """
 
     request_id: str
@@ -51,6 +53,7 @@ class StepEvent:
     finished: bool = False
     edited: tuple[int, ...] = ()
     draft: tuple[int, ...] = ()
+    forced: tuple[int, ...] = ()
 
     @property
     def num_masked(self) -> int:
@@ -64,6 +67,7 @@ class StepEvent:
         out["confidences"] = list(self.confidences)
         out["edited"] = list(self.edited)
         out["draft"] = list(self.draft)
+        out["forced"] = list(self.forced)
         return out
 
 

@@ -16,6 +16,8 @@ REMASKINGS = ("low_confidence", "margin", "entropy", "random")
 CACHES = ("none", "prefix", "dual")
 FIRST_TOKENS = ("policy", "greedy")
 CONFIDENCE_DTYPES = ("float32", "model")
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_STRUCTURED_SPEC = 100_000
 
 MAX_GEN_LENGTH = 4096
 MAX_STEPS = 4096
@@ -80,6 +82,11 @@ class GenerationParams:
                   round together tie, the token at T=0 is the argmax of those probabilities,
                   and a threshold compares as ``bf16_tensor > 0.9`` does, rounded to that
                   dtype: 0.8984375). The same as "float32" for a float32 model.
+    structured:   constrained decoding, None when off: (kind, spec) with kind one of
+                  STRUCTURED_KINDS: "json" (spec: a JSON schema, as JSON text), "json_object"
+                  (any JSON object; spec ""), "regex", "choice" (spec: a JSON list of strings)
+                  or "grammar" (EBNF). The answer read left to right is always a prefix the
+                  grammar accepts, and it ends at the grammar's end (sampler/grammar.py).
     """
 
     gen_length: int = 128
@@ -103,8 +110,11 @@ class GenerationParams:
     edit_threshold: float | None = None
     max_post_edit_steps: int = 16
     confidence_dtype: str = "float32"
+    structured: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured, list):
+            object.__setattr__(self, "structured", tuple(self.structured))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
@@ -226,3 +236,20 @@ def _validate(p: GenerationParams) -> None:
         _check_float("edit_threshold", p.edit_threshold, 0.0, 1.0, lo_open=True)
     _check_int("max_post_edit_steps", p.max_post_edit_steps, 0, MAX_POST_EDIT_STEPS)
     _check_choice("confidence_dtype", p.confidence_dtype, CONFIDENCE_DTYPES)
+    if p.structured is not None:
+        _check_structured(p)
+
+
+def _check_structured(p: GenerationParams) -> None:
+    s = p.structured
+    if not (isinstance(s, tuple) and len(s) == 2 and all(isinstance(x, str) for x in s)):
+        raise ValueError(f"structured must be a (kind, spec) pair of strings, got {s!r}")
+    _check_choice("structured kind", s[0], STRUCTURED_KINDS)
+    if len(s[1]) > MAX_STRUCTURED_SPEC:
+        raise ValueError(f"structured spec must be at most {MAX_STRUCTURED_SPEC} characters, "
+                         f"got {len(s[1])}")
+    for name, clash in (("suppress_eos", p.suppress_eos), ("cfg_scale", p.cfg_scale > 0),
+                        ("edit_threshold", p.edits)):
+        if clash:
+            raise ValueError(f"{name} cannot be combined with structured output (the grammar "
+                             f"decides where the answer ends and what each token may be)")

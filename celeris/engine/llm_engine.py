@@ -70,6 +70,7 @@ class Engine:
         self._loop: Any = None                   # async_engine.EngineLoop once started
         self.step_timing = StepTiming()          # every step (bench: host time per step)
         self.step_failures = self.step_failures_total = 0
+        self._grammars: Any = None               # structured output's compiler, when asked
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -190,9 +191,27 @@ class Engine:
         if len(ids) > self.config.max_prompt_tokens:
             raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
         self.layout.check(params, canvas, self.model_dir.name)   # what the family refuses
+        grammar = None
+        if params.structured is not None:
+            grammar = self._grammar_row(params.structured, canvas)
+            params = params if params.early_stop else params.replace(early_stop=True)
         seed = params.seed if params.seed is not None else secrets.randbits(62)
         return Request(request_id or new_request_id(), tuple(ids), params, seed,
-                       None if canvas is None else tuple(canvas), decode=self.tokenizer.decode)
+                       None if canvas is None else tuple(canvas), decode=self.tokenizer.decode,
+                       grammar=grammar)
+
+    def _grammar_row(self, structured: tuple[str, str], canvas: Any) -> Any:
+        """A request's grammar state (the compiler is built at the first such request)."""
+        if canvas is not None:
+            raise ValueError("structured output cannot be combined with infill (the grammar "
+                             "reads the answer left to right from its start)")
+        hf = getattr(self.tokenizer, "hf", None)
+        if hf is None:
+            raise ValueError("structured output needs the model's own tokenizer")
+        if self._grammars is None:
+            from ..sampler.grammar import Grammars
+            self._grammars = Grammars(hf, self.model.config.vocab_size, self.special.stop)
+        return self._grammars.row(*structured)
 
     def submit(self, prompt: Prompt, params: GenerationParams | None, request_id: str | None,
                canvas: Sequence[int] | None, sink: Any, events: bool = True) -> str:

@@ -82,6 +82,8 @@ class Request:
     confidences: tuple[float, ...] = ()
     edited: tuple[int, ...] = ()             # those of them that replaced a token (editing)
     draft: tuple[int, ...] = ()   # tokens the sampler holds for the unit, not accepted yet
+    grammar: Any = None           # structured output: the row's grammar state (GrammarRow)
+    forced: tuple[int, ...] = ()  # this step's commits the grammar wrote (answer positions)
     settling: bool = False       # token editing: the unit may still change (no advance/end)
     post_edits: int = 0          # forwards spent editing the unit after its last mask went
     prefix: int = 0              # end of the contiguous committed prefix (absolute)
@@ -219,7 +221,7 @@ class Request:
         canvas, draft = self._drafted(mask_id)
         return StepEvent(self.request_id, self.step, self.blocks_done, canvas,
                          self.committed, self.confidences, self.nfe, now, self.text, mask_id,
-                         block_length, self.finished, self.edited, draft)
+                         block_length, self.finished, self.edited, draft, self.forced)
 
     def result(self, encode: Callable[[str], list[int]]) -> GenerationResult:
         ids = self.answer_ids()

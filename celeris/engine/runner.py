@@ -105,7 +105,10 @@ class Runner:
         unit = ids.gather(1, unit_cols)                                          # (B, U)
         active = (unit == mask) & (self.kv.columns(U, dev) < width)              # (B, U)
         knobs = self.knobs(reqs)
-        x0, conf, p_x0, check = knobs.choose(logits, widths[:B])
+        fronts = {b: r.seq.index(mask, r.lo, r.hi) - r.lo
+                  for b, r in enumerate(reqs) if r.grammar is not None}
+        x0, conf, p_x0, check = knobs.choose(
+            logits, widths[:B], (lambda lg: self._constrain(lg, reqs, fronts)) if fronts else None)
         take = self._greedy_first(reqs, knobs.select(conf, active, k), active)
         if knobs.any_edit:         # committed answer tokens of the unit may be replaced
             first = torch.tensor([max(r.prompt_len - r.lo, 0) for r in reqs], device=dev)
@@ -116,13 +119,24 @@ class Runner:
         # one sync; commits read a position's token and confidence only where it is taken
         # (cat promotes to conf's float32, which holds every token id below 2**24 exactly)
         host = torch.cat([x0, take, conf, check[:, None]], 1).tolist()
-        for r, row, w in zip(reqs, host, widths):
+        for b, (r, row, w) in enumerate(zip(reqs, host, widths)):
             self.layout.after_forward(r)
             if not math.isfinite(row[-1]):
                 r.failure = NonFiniteLogitsError([r.request_id])
                 continue
             r.nfe += 2 if r.uncond_slot >= 0 else 1
-            r.commit(row[:w], row[U:U + w], row[2 * U:2 * U + w], mask, self.special.stop)
+            picks = row[:w], row[U:U + w], row[2 * U:2 * U + w]
+            if r.grammar is not None:      # the grammar keeps its valid run, adds what it forces
+                masked = [t == mask for t in r.seq[r.lo:r.lo + w]]
+                *picks, forced = r.grammar.settle(*picks, fronts[b], masked)
+                r.forced = tuple(r.lo + j - r.prompt_len for j in forced)
+            r.commit(*picks, mask, self.special.stop)
+
+    @staticmethod
+    def _constrain(logits: torch.Tensor, reqs: list[Request], fronts: dict[int, int]) -> None:
+        """Each constrained row's frontier column keeps only what its grammar allows."""
+        for b, col in fronts.items():
+            reqs[b].grammar.mask_logits(logits[b, col])
 
     def _inputs(self, rows: list[tuple]):
         """Left-padded ids and positions (R, W), the KV view, the unit columns (R, U), each

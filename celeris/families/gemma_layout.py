@@ -146,7 +146,8 @@ class GemmaLayout:
                                   ("factor", params.factor == 1.0, "left unset (1.0)"),
                                   ("edit_threshold", not params.edits, "unset"),
                                   ("confidence_dtype", params.confidence_dtype == "float32",
-                                   "'float32'")):
+                                   "'float32'"),
+                                  ("structured", params.structured is None, "unset")):
             if not ok:
                 raise ValueError(f"{name} must be {allowed} for DiffusionGemma (its "
                                  f"entropy-bound sampler decides what a step accepts and has "

@@ -16,7 +16,7 @@ a tensor's dtype (via float32), so that such a row commits what upstream commits
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -138,7 +138,8 @@ class RowKnobs:
             new["negentropy"] = stats.negentropy.index_copy(0, idx, negentropy)
         return stats._replace(**new)
 
-    def choose(self, logits: torch.Tensor, widths: list[int]
+    def choose(self, logits: torch.Tensor, widths: list[int],
+               constrain: Callable[[torch.Tensor], None] | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x0 (B, W), confidence (B, W), x0's probability (B, W) and a (B,) check, not
         finite exactly for the rows whose logits are not, from logits (B, W, V); row b's
@@ -147,11 +148,14 @@ class RowKnobs:
         The mask token itself is never a prediction: a committed [MASK] would stay masked.
         With model-dtype rows and bfloat16/float16 logits, this also sets ``threshold`` and
         ``edit_threshold`` to those rows' thresholds in that dtype, for ``select`` and ``edit``.
+        ``constrain`` masks the logits of grammar-constrained rows in place (after the check).
         """
         # a NaN or inf logit makes its row's sum non-finite: one reduction instead of a
         # (B, W, V) mask (38% of a step at a 157k vocabulary)
         check = logits.sum((1, 2), dtype=torch.float32)                           # (B,)
         logits[..., self.mask_id] = float("-inf")
+        if constrain is not None:
+            constrain(logits)
         if self.any_suppress:
             stop_logits = logits[..., self.stop_ids]
             logits[..., self.stop_ids] = torch.where(self.suppress, float("-inf"), stop_logits)
