@@ -2,8 +2,9 @@
 
 A suite is a function ``run(ctx) -> dict`` returning a plain JSON-able section: ``rows`` (one
 dict per measured configuration), ``columns`` (which row keys the console table shows),
-``settings`` and ``notes``. Counting follows DESIGN.md everywhere: completion tokens before the
-first EOS (``GenerationResult.usage.completion_tokens``) over the wall time around the call.
+``settings`` and ``notes``. Counting follows docs/DESIGN.md ("tokens/s") everywhere: completion
+tokens before the first EOS (``GenerationResult.usage.completion_tokens``) over the wall time
+around the call.
 """
 
 from __future__ import annotations
