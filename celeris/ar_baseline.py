@@ -4,7 +4,7 @@ Bench compares Celeris against this and the playground races the two, so it deli
 nothing of ours for decoding: plain ``AutoModelForCausalLM`` + ``AutoTokenizer``, greedy, with
 transformers' KV cache. Prompts are left-padded in a batch; chat message lists go through the
 tokenizer's chat template with the assistant turn opened, exactly as the Engine encodes them.
-Counting follows DESIGN.md: completion tokens stop before the first EOS/end-of-turn.
+Counting follows docs/DESIGN.md: completion tokens stop before the first EOS/end-of-turn.
 """
 
 from __future__ import annotations

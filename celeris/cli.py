@@ -131,7 +131,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------- train / eval
 def cmd_recipe(args: argparse.Namespace) -> int:
     """``train --recipe``: every stage of a shipped model's recipe, then its card."""
-    from celeris.train.pipeline import run_recipe
+    from celeris.pipeline import run_recipe
     try:
         info = run_recipe(args.recipe, args.out, from_stage=args.from_stage,
                           steps_scale=args.steps_scale, smoke=args.smoke)

@@ -114,7 +114,7 @@ class StepTiming:
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
-    completion_tokens: int   # generated tokens before the first EOS (DESIGN.md)
+    completion_tokens: int   # generated tokens before the first EOS (docs/DESIGN.md)
 
     @property
     def total_tokens(self) -> int:

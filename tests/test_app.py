@@ -24,6 +24,7 @@ from tests.tiny_model import make_tiny_model_dir
 from ui.render import parse_cell
 
 PROMPT = "Once upon a time"
+SHIPPED_BD = Path(__file__).resolve().parents[1] / "models" / "celeris-tiny-bd"
 # prompt, as_chat, steps, temperature, gen_length, block_length, threshold, decoding,
 # remasking, cache, seed
 SETTINGS = (0, 0.0, 32, 8, 0.9, "fixed", "low_confidence", "none", 5)
@@ -251,3 +252,23 @@ def test_args_honour_gradio_and_key_environment(monkeypatch):
     assert (args.host, args.port) == ("127.0.0.1", 7000)
     assert app.public_url("0.0.0.0", 7860) == "http://localhost:7860"
 
+
+# ---------------------------------------------------------------------- the models offered
+def test_app_offers_the_shipped_models_by_default_and_checks_the_models_flag(tmp_path):
+    import app
+
+    models, why = app.offered_models(None)
+    assert why is None and [Path(m).name for m in models] == ["celeris-tiny-bd",
+                                                              "celeris-tiny"]
+    models, why = app.offered_models(f"{SHIPPED_BD}, {tmp_path}")
+    assert models == [] and str(tmp_path) in why and "not a model directory" in why
+    args = app.parse_args(["--models", "a,b", "--allow-model-paths"])
+    assert (args.models, args.allow_model_paths) == ("a,b", True)
+    assert app.parse_args([]).allow_model_paths is False
+
+
+def test_the_app_refuses_a_models_flag_naming_no_model(tmp_path, capsys):
+    import app
+
+    assert app.main(["--models", str(tmp_path), "--port", "1"]) == 2
+    assert "not a model directory" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from celeris.train import blockdiff
-from celeris.evals import corpus
+from celeris.synthetic import corpus
 from celeris.train.data import IGNORE
 from celeris.train.stream import Mix, Stream, load_pool
 
@@ -56,7 +56,7 @@ def test_heldout_request_texts_are_never_a_training_prompt():
     a training stream (requests, long requests, request openings, the asks setting) or a
     distillation pass can draw."""
     from dataclasses import replace
-    from celeris.evals import longcheck
+    from celeris.synthetic import longcheck
     from celeris.train.selfgen import prompts as distill_prompts, relabel
     held = corpus.heldout_long_requests(200)
     texts = {r.text for r in held}
@@ -141,7 +141,7 @@ def test_reqhead_rows_are_request_prompts_and_the_first_canvas_tokens_of_their_s
     position scored, no end of turn (a beginning, not an end), nothing after it; block
     diffusion scores the same positions."""
     from celeris.train.data import BUCKETS, Batcher
-    from celeris.evals.longcheck import hero_of
+    from celeris.synthetic.longcheck import hero_of
     from celeris.train.tokenizer_train import load_raw
 
     tok = load_raw(ROOT / "models" / "celeris-tiny-bd")
@@ -297,7 +297,7 @@ def test_distill_data_writes_resumable_records_and_a_bd_run_trains_on_them(tmp_p
 
 
 def test_without_repeats_drops_repeated_sentences_and_keeps_spacing_and_paragraphs():
-    from celeris.evals.longcheck import repeated_sentences, without_repeats
+    from celeris.synthetic.longcheck import repeated_sentences, without_repeats
     story = ('Once upon a time, there was a kind fox named Pip. Pip liked to play every day. '
              'Pip liked to play every day.\n\nOne day, Pip found a red coin. "Look!" said Pip. '
              'Pip liked to play  every DAY.\n\nPip liked to play every day.\n\nThe end.')
@@ -312,8 +312,8 @@ def test_without_repeats_drops_repeated_sentences_and_keeps_spacing_and_paragrap
 def test_a_looping_but_otherwise_good_story_is_kept_without_its_repeats():
     import random
 
-    from celeris.evals import corpus as C
-    from celeris.evals.longcheck import repeated_sentences
+    from celeris.synthetic import corpus as C
+    from celeris.synthetic.longcheck import repeated_sentences
     from celeris.train.selfgen import kept_record, prompts
 
     def imitable(source, answer, spec):
@@ -342,7 +342,7 @@ def test_request_text_rebuilds_every_long_request_from_its_template():
 
 
 def test_a_good_story_that_ignores_its_request_is_kept_under_the_request_it_honours():
-    from celeris.evals.longcheck import request_honoured, without_repeats
+    from celeris.synthetic.longcheck import request_honoured, without_repeats
     from celeris.train.selfgen import kept_record, relabel
     pairs = [(corpus.long_request(random.Random(i)), corpus.long_request(random.Random(500 + i)))
              for i in range(400)]
@@ -410,7 +410,7 @@ def test_a_good_story_that_ignores_its_request_is_corrected_to_honour_it(form, v
                                                                           fields, expect):
     """Hindsight correction: the model's own story with the asked adjective, object, place or
     name swapped in keeps the original prompt (relabelling would teach "little" forever)."""
-    from celeris.evals.longcheck import long_score, request_honoured
+    from celeris.synthetic.longcheck import long_score, request_honoured
     from celeris.train.selfgen import correct, kept_record
     spec = _request(form, **values)
     assert not request_honoured(MODEL_STORY, spec.asks)[0]
@@ -466,7 +466,7 @@ def test_plot_arcs_reads_the_corpus_stories_arcs():
 
 
 def test_lengthen_story_adds_the_missing_arcs_before_the_closing_paragraph():
-    from celeris.evals.longcheck import hero_of, long_score, paragraphs
+    from celeris.synthetic.longcheck import hero_of, long_score, paragraphs
     hero = hero_of(MODEL_STORY)
     added_seen = set()
     for seed in range(30):
@@ -496,7 +496,7 @@ def test_lengthen_story_adds_the_missing_arcs_before_the_closing_paragraph():
 
 
 def test_kept_records_are_lengthened_to_min_arcs_and_keep_their_request():
-    from celeris.evals.longcheck import request_honoured
+    from celeris.synthetic.longcheck import request_honoured
     from celeris.train.selfgen import kept_record
     spec = _request("Write a long story about {a_adj_kind}.", kind="goat", adj="strong")
     plain = kept_record("longreq", spec.text, MODEL_STORY, spec)

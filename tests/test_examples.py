@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from celeris import Engine
-from celeris.evals.tasks import TASKS, solve
+from celeris.synthetic.tasks import TASKS, solve
 from ui.chat import _preset
 from ui.examples import examples
 

@@ -1,13 +1,20 @@
-"""Import layering guard (see DESIGN.md, "Data flows one way").
+"""Import layering guard (see docs/DESIGN.md, "Layers").
 
 Walks every .py file under celeris/ and ui/ plus app.py with ``ast`` (imports inside functions
 count too), resolves relative imports, and fails on an arrow the layer table does not allow.
 A celeris module missing from the table fails as well, so new files must be classified here.
+Imports under ``if TYPE_CHECKING:`` are skipped: they run only for a type checker, never at
+run time, so they are no arrow (the ``else`` branch of such an ``if`` still counts).
+
+It also fails on an import cycle between celeris's top-level packages and modules (``model``,
+``engine``, ``train``, ``evals``, ...): two of them that import each other, directly or through
+others, cannot be read, tested or replaced one at a time.
 """
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -22,8 +29,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "L3": ("celeris.sampler",),
     "LF": ("celeris.families",),
     "L4": ("celeris.engine", "celeris.ar_baseline"),
+    "data": ("celeris.synthetic",),
     "L5": ("celeris.server", "celeris.bench", "celeris.batch", "celeris.train", "celeris.evals",
-           "celeris.cli", "celeris.space"),
+           "celeris.pipeline", "celeris.cli", "celeris.space"),
     "ui": ("ui",),
     "app": ("app",),
 }
@@ -39,7 +47,8 @@ ALLOWED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the families declare configs, models and layouts; the engine runs what they declare
     "LF": (("L0", "L1", "L2", "L3", "LF"), ()),
     "L4": (("L0", "L1", "L2", "L3", "LF", "L4"), ()),
-    "L5": (("facade", "L0", "L5"), ()),
+    "data": (("L0", "data"), ()),   # generated stories and tasks: stdlib, imports no L5 package
+    "L5": (("facade", "L0", "data", "L5"), ()),
     "ui": (("facade", "ui"), ("celeris.params", "celeris.outputs")),
     "app": (("facade", "ui"), ("celeris.server",)),
 }
@@ -129,16 +138,36 @@ def _resolve_relative(module: str, is_package: bool, level: int, name: str | Non
     return ".".join(base + ([name] if name else []))
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING`` (any ``X.TYPE_CHECKING``)."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _type_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside the body of an ``if TYPE_CHECKING:`` (not its ``else``)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return skipped
+
+
 def imports_of(source: str, module: str, is_package: bool = False,
                top_level: set[str] | None = None) -> list[tuple[int, str]]:
-    """(line, absolute module) for every import in ``source``.
+    """(line, absolute module) for every import in ``source`` that runs at run time.
 
     ``from celeris import engine`` counts as importing ``celeris.engine`` (a submodule), while
-    ``from celeris import Engine`` counts as importing the facade ``celeris``.
+    ``from celeris import Engine`` counts as importing the facade ``celeris``. Imports in the
+    body of ``if TYPE_CHECKING:`` are left out: a type-only import is no runtime arrow.
     """
     top_level = _known_top_level(ROOT) if top_level is None else top_level
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    type_only = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -194,7 +223,139 @@ def repository_violations(root: Path = ROOT) -> list[str]:
     return problems
 
 
+# ------------------------------------------------------------------------- package cycles
+def package_of(module: str) -> str | None:
+    """The top-level unit of celeris a module belongs to (``celeris.train.stream`` ->
+    ``celeris.train``, ``celeris.cache`` -> itself); None for the facade, ``__main__`` and
+    anything outside celeris. The facade re-exports the public names and imports every layer,
+    so it is left out of the package graph."""
+    parts = module.split(".")
+    if parts[0] != FACADE or len(parts) < 2 or module in EXEMPT:
+        return None
+    return ".".join(parts[:2])
+
+
+def package_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """package -> the other celeris packages its modules import at run time."""
+    top_level = _known_top_level(root)
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in source_files(root):
+        module = module_name(path, root)
+        source = package_of(module)
+        if source is None:
+            continue
+        graph[source]
+        found = imports_of(path.read_text(encoding="utf-8"), module,
+                           path.name == "__init__.py", top_level)
+        for _, target in found:
+            dest = package_of(target)
+            if dest is not None and dest != source:
+                graph[source].add(dest)
+    return dict(graph)
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of nodes that reach each other (a strongly connected component of more
+    than one node, or a node importing itself), each sorted, the groups sorted (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                cycles.append(sorted(group))
+
+    for node in sorted(set(graph) | {n for targets in graph.values() for n in targets}):
+        if node not in index:
+            visit(node)
+    return sorted(cycles)
+
+
+def _cycle_report(graph: dict[str, set[str]], cycles: list[list[str]]) -> str:
+    lines = []
+    for group in cycles:
+        arrows = [f"{a} -> {b}" for a in group for b in sorted(graph.get(a, ())) if b in group]
+        lines.append(", ".join(group) + ": " + "; ".join(arrows))
+    return "\n  ".join(lines)
+
+
 # ------------------------------------------------------------------------- the tests
+def test_no_import_cycles_between_packages():
+    graph = package_graph()
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles between celeris packages:\n  " + _cycle_report(graph, cycles)
+
+
+def test_cycle_finder_on_a_small_graph():
+    graph = {"celeris.evals": {"celeris.train", "celeris.synthetic"},
+             "celeris.train": {"celeris.evals", "celeris.synthetic"},
+             "celeris.synthetic": set(),
+             "celeris.a": {"celeris.b"}, "celeris.b": {"celeris.c"}, "celeris.c": {"celeris.a"},
+             "celeris.d": {"celeris.d"}, "celeris.e": {"celeris.a"}}
+    assert find_cycles(graph) == [["celeris.a", "celeris.b", "celeris.c"], ["celeris.d"],
+                                  ["celeris.evals", "celeris.train"]]
+    assert "celeris.evals -> celeris.train" in _cycle_report(graph, find_cycles(graph))
+    assert find_cycles({"celeris.x": {"celeris.y"}, "celeris.y": set()}) == []
+
+
+def test_package_graph_sees_a_planted_cycle(tmp_path):
+    """End to end on a fake tree: train and evals importing each other is found, a type-only
+    import and an import of the facade are not arrows."""
+    for pkg in ("evals", "train", "engine"):
+        (tmp_path / "celeris" / pkg).mkdir(parents=True)
+        (tmp_path / "celeris" / pkg / "__init__.py").write_text("")
+    (tmp_path / "celeris" / "__init__.py").write_text("from .engine import Engine\n")
+    (tmp_path / "celeris" / "evals" / "card.py").write_text(
+        "from celeris.train.stream import describe\n")
+    (tmp_path / "celeris" / "train" / "pipeline.py").write_text(
+        "def run():\n    from ..evals.card import write\n")
+    (tmp_path / "celeris" / "engine" / "core.py").write_text(
+        "from typing import TYPE_CHECKING\nimport celeris\n"
+        "if TYPE_CHECKING:\n    from celeris.train import stream\n")
+    graph = package_graph(tmp_path)
+    assert graph == {"celeris.evals": {"celeris.train"}, "celeris.train": {"celeris.evals"},
+                     "celeris.engine": set()}
+    assert find_cycles(graph) == [["celeris.evals", "celeris.train"]]
+
+
+def test_type_checking_imports_are_not_arrows():
+    source = "\n".join([
+        "from typing import TYPE_CHECKING",
+        "import typing",
+        "if TYPE_CHECKING:",
+        "    from celeris.engine import Engine",
+        "else:",
+        "    from celeris.params import GenerationParams",
+        "if typing.TYPE_CHECKING:",
+        "    import celeris.model",
+        "def f():",
+        "    if TYPE_CHECKING:",
+        "        from celeris.server import routes",
+        "    from celeris.outputs import StepEvent",
+    ])
+    targets = [t for _, t in imports_of(source, "celeris.sampler.loop", False, set())]
+    assert targets == ["typing", "typing", "celeris.params", "celeris.outputs"]
+
+
 def test_repository_respects_layers():
     problems = repository_violations()
     assert not problems, "import layering violations:\n  " + "\n  ".join(problems)
@@ -234,6 +395,10 @@ def test_walker_sees_existing_files():
     ("celeris.newthing", "celeris.params"),              # unknown source module
     ("celeris.engine", "celeris.newthing"),              # unknown target module
     ("ui.helpers", "app"),
+    ("celeris.synthetic.corpus", "celeris.train"),       # the data imports neither of its users
+    ("celeris.synthetic.tasks", "celeris.evals.card"),
+    ("celeris.synthetic.storycheck", "celeris"),         # nor the facade (no engine in here)
+    ("celeris.engine", "celeris.synthetic"),             # the core never reads the data
 ])
 def test_checker_reports_violation(module, target):
     assert check_module(module, [target]), f"{module} -> {target} should be a violation"
@@ -267,6 +432,11 @@ def test_checker_reports_violation(module, target):
     ("app", "ui"),
     ("celeris", "celeris.engine"),                       # facade is exempt
     ("celeris.__main__", "celeris.cli"),
+    ("celeris.train.stream", "celeris.synthetic.corpus"),
+    ("celeris.evals.card", "celeris.synthetic.tasks"),
+    ("celeris.bench", "celeris.synthetic.longcheck"),
+    ("celeris.synthetic.longcheck", "celeris.synthetic.storycheck"),
+    ("celeris.pipeline", "celeris.evals.card"),
 ])
 def test_checker_allows(module, target):
     assert check_module(module, [target]) == []

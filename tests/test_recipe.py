@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from celeris import cli
-from celeris.train.pipeline import run_recipe
+from celeris.pipeline import run_recipe
 from celeris.train.recipe import Ref, load_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,7 +194,7 @@ def test_the_full_canvas_recipe_runs_its_first_stages_at_smoke_scale(tmp_path, o
     with pytest.raises(ValueError, match="from_stage must be a stage of recipe.toml .0-2."):
         run_recipe(RECIPES["celeris-tiny"], out, from_stage=3, smoke=True)
     recipe = load_recipe(RECIPES["celeris-tiny"])
-    from celeris.train.pipeline import Workspace
+    from celeris.pipeline import Workspace
     space = Workspace(recipe, out, steps_scale=0.005, smoke=True)
     first = space.model(Ref(recipe.path, 1))
     assert first == out / "stage-01"

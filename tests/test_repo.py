@@ -1,5 +1,6 @@
 """The repository a newcomer clones: small weights, a README for users whose links resolve,
-docs that stay short, and docs/ARCHITECTURE.md quoting the shipped models' configs as they are.
+docs that stay short, docs/ARCHITECTURE.md quoting the shipped models' configs as they are, and
+nothing that points at files outside the repository.
 
 No model is loaded: these read files only.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,7 +74,7 @@ def test_readme_has_the_clone_and_launch_commands_and_no_diary():
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/BENCHMARKS.md", "docs/FINDINGS.md",
-                                 "docs/ARCHITECTURE.md"])
+                                 "docs/ARCHITECTURE.md", "docs/DESIGN.md"])
 def test_relative_links_and_anchors_resolve(doc):
     path = ROOT / doc
     for target, anchor in _links(path):
@@ -150,3 +152,56 @@ def test_block_size_quoted_in_prose_matches_the_config():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     row = next(line for line in readme.splitlines() if line.startswith("| `celeris-tiny-bd`"))
     assert f"blocks of {block}" in row
+
+
+# ------------------------------------------------------------------ a self-contained repository
+OUTSIDE = "../" + "shared"                         # the team's notes beside the clone
+DESIGN_PAGE = "docs/DESIGN.md"                     # the project's design notes
+DESIGN_REF = re.compile(rb"[\w./\\-]*DESIGN\.md")  # any path that ends in the design page's name
+
+
+def _tracked_files() -> list[Path]:
+    """The files git tracks; without git (an unpacked archive), every file but caches."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+        return [ROOT / name for name in out.decode().split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):
+        skip = {".git", ".venv", "runs", "__pycache__", "node_modules"}
+        return [p for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.parts)]
+
+
+def outside_references(rel: str, data: bytes) -> list[str]:
+    """What in one file (path ``rel`` from the root) points outside the repository: the team
+    notes' folder, or a design page other than docs/DESIGN.md (a page inside docs/ may name it
+    by its file name alone)."""
+    sibling = DESIGN_PAGE.split("/", 1)[1]
+    found = [OUTSIDE] if OUTSIDE.encode() in data else []
+    for m in DESIGN_REF.finditer(data):
+        ref = m.group(0).decode()
+        if ref != DESIGN_PAGE and not (ref == sibling and rel.startswith("docs/")):
+            found.append(ref)
+    return found
+
+
+def test_no_tracked_file_points_outside_the_repository():
+    assert (ROOT / DESIGN_PAGE).is_file()
+    problems = []
+    for path in _tracked_files():
+        if not path.is_file() or path.suffix == ".safetensors":
+            continue
+        rel = path.relative_to(ROOT).as_posix()
+        problems += [f"{rel}: {ref}" for ref in outside_references(rel, path.read_bytes())]
+    assert not problems, "references to files outside the repository:\n  " + \
+        "\n  ".join(problems)
+
+
+def test_outside_references_are_found():
+    page = "DESIGN" + ".md"             # spelt in two halves so this file does not refer to it
+    assert outside_references("README.md", f"see docs/{page}".encode()) == []
+    assert outside_references("docs/ARCHITECTURE.md", f"[{page}]({page})".encode()) == []
+    assert outside_references("celeris/cache.py", f"# see {page}".encode()) == [page]
+    assert outside_references("docs/X.md", f"`{OUTSIDE}/{page}`".encode()) == \
+        [OUTSIDE, f"{OUTSIDE}/{page}"]
+    assert outside_references("tests/t.py", f"../{page} and notes/{page}".encode()) == \
+        [f"../{page}", f"notes/{page}"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from celeris.evals import tasks
+from celeris.synthetic import tasks
 
 
 @pytest.mark.parametrize("task", tasks.TASKS)

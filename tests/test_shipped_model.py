@@ -119,8 +119,8 @@ def test_ar_twin_in_the_block_engine_writes_what_generate_writes():
     """The bench's same-engine control: the twin's weights as a block-causal model of block
     size 1 (packed CPU kernels) decode the greedy stories and answers of generate()."""
     from celeris import ARBaseline
-    from celeris.evals import eval_examples
-    from celeris.evals.corpus import heldout_long_requests
+    from celeris.synthetic.tasks import eval_examples
+    from celeris.synthetic.corpus import heldout_long_requests
 
     engine = Engine.from_pretrained(TWIN, device="cpu")
     assert engine.block_size == 1 and engine.packed
@@ -152,30 +152,30 @@ def test_model_cards_quote_their_story_grammar_score(model_dir):
 
 
 def test_ar_twin_story_grammar_matches_its_card():
-    from celeris.evals import storycheck
+    from celeris.evals import stories
     (card,) = _card(TWIN)["story_grammar"]
-    (measured,) = storycheck.measure(str(TWIN), "ar", n=8)
+    (measured,) = stories.measure(str(TWIN), "ar", n=8)
     assert measured["grammatical"] >= card["grammatical"] - MARGIN
 
 
 def test_infill_grammar_matches_the_card():
-    from celeris.evals import storycheck
+    from celeris.evals import stories
     card = _card(TINY)["infill_grammar"]
     text = (TINY / "README.md").read_text()
     assert f"{card['grammatical']:.1%} of the filled sentences" in text
-    measured = storycheck.measure_infill(str(TINY), n=card["items"])
+    measured = stories.measure_infill(str(TINY), n=card["items"])
     assert abs(measured["grammatical"] - card["grammatical"]) <= 0.1
     alone = _card(TINY)["infill_grammar_alone"]
     assert "The same sentences alone, with no story before them" in text
     assert f": {alone['grammatical']:.1%}." in text
-    measured = storycheck.measure_infill(str(TINY), n=alone["items"], context=False)
+    measured = stories.measure_infill(str(TINY), n=alone["items"], context=False)
     assert abs(measured["grammatical"] - alone["grammatical"]) <= 0.1
 
 
 def test_infill_tab_examples_fill_grammatically_at_the_tab_default_span():
     """The examples the Infill tab offers are ones the shipped model fills well at the tab's
     default span: no [MASK] left, the pinned words kept, every sentence in the grammar."""
-    from celeris.evals import storycheck
+    from celeris.synthetic import storycheck
     from ui.examples import examples
     from ui.infill import DEFAULT_SPAN
 
@@ -191,8 +191,8 @@ def test_infill_tab_examples_fill_grammatically_at_the_tab_default_span():
 def test_block_diffusion_model_scores_as_its_card_says(default_engine):
     """celeris-tiny-bd on a slice of the held-out tasks (accuracy and tokens per forward) and
     on three held-out long-story requests (grammar), against its eval.json."""
-    from celeris.evals.corpus import heldout_long_requests
-    from celeris.evals.longcheck import long_score
+    from celeris.synthetic.corpus import heldout_long_requests
+    from celeris.synthetic.longcheck import long_score
     card = _card(BD)
     report = evaluate(default_engine, limit=SLICE, device="cpu", batch_size=6 * SLICE)
     assert report["mean_accuracy"] >= card["mean_accuracy"] - MARGIN
@@ -213,8 +213,8 @@ def test_a_story_request_hero_is_honoured_on_held_out_requests(default_engine):
     name always, with that adjective in all but one (it copies 9 of the 11 held-out adjective
     requests, its card says). The first 120 tokens hold the first sentence and the paragraph
     after it (the place and object asked for come later and are scored by the stories bench)."""
-    from celeris.evals.corpus import heldout_long_requests
-    from celeris.evals.longcheck import hero_of, request_honoured
+    from celeris.synthetic.corpus import heldout_long_requests
+    from celeris.synthetic.longcheck import hero_of, request_honoured
 
     hero_keys = ("kind", "adj", "name")
     requests = [r for r in heldout_long_requests(16)
@@ -253,8 +253,8 @@ STORY_EXAMPLES = (
 def test_the_story_examples_get_different_stories_that_honour_them(default_engine):
     """Every story request the UI offers is one of STORY_EXAMPLES, and the default model
     answers each at its defaults with its own story, honouring what it asks."""
-    from celeris.evals.corpus import request_text
-    from celeris.evals.longcheck import request_honoured
+    from celeris.synthetic.corpus import request_text
+    from celeris.synthetic.longcheck import request_honoured
     from ui.examples import examples
 
     built = [request_text(form, values) for form, values in STORY_EXAMPLES]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from celeris.evals import corpus, storycheck
+from celeris.evals.stories import INFILL_TAGS, infill_items, openings, story_blocks
+from celeris.synthetic import corpus, storycheck
 
 
 def test_every_sentence_the_generator_writes_is_recognised():
@@ -42,15 +43,14 @@ def test_card_lists_each_story_grammar_measurement():
 
 
 def test_openings_validate_their_count():
-    assert storycheck.openings(2) == [" ".join(s.split()[:4])
-                                      for s in corpus.heldout_stories(2)]
+    assert openings(2) == [" ".join(s.split()[:4]) for s in corpus.heldout_stories(2)]
     with pytest.raises(ValueError, match=r"n must be an integer in \[1, 200\], got 0"):
-        storycheck.openings(0)
+        openings(0)
 
 
 def test_infill_items_hide_one_lexicon_word_of_a_held_out_sentence_with_its_story_before():
-    items = storycheck.infill_items(30)
-    assert items == storycheck.infill_items(30)                  # fixed
+    items = infill_items(30)
+    assert items == infill_items(30)                             # fixed
     stories = corpus.heldout_stories(30)
     tags, with_context = set(), 0
     for (context, text, word), story in zip(items, stories):
@@ -62,10 +62,10 @@ def test_infill_items_hide_one_lexicon_word_of_a_held_out_sentence_with_its_stor
         assert storycheck.score([restored])["grammatical"] == 1.0
         with_context += bool(context)
         tags.add(storycheck.template(word))
-    assert {"NAME", "KIND", "ADJ"} <= tags and tags <= set(storycheck.INFILL_TAGS)
+    assert {"NAME", "KIND", "ADJ"} <= tags and tags <= set(INFILL_TAGS)
     assert 5 <= with_context < 30              # both first sentences and later ones occur
     with pytest.raises(ValueError, match=r"n must be an integer in \[1, 200\], got 201"):
-        storycheck.infill_items(201)
+        infill_items(201)
 
 
 def test_card_states_the_infill_score_and_what_exact_means():
@@ -85,6 +85,6 @@ def test_card_states_the_infill_score_and_what_exact_means():
 
 
 def test_stories_are_scored_at_the_default_block_the_wide_block_and_one_at_a_time():
-    assert storycheck.story_blocks(8) == (8, 32, 1)
-    assert storycheck.story_blocks(32) == (32, 1)
-    assert storycheck.story_blocks(1) == (1, 32)
+    assert story_blocks(8) == (8, 32, 1)
+    assert story_blocks(32) == (32, 1)
+    assert story_blocks(1) == (1, 32)

@@ -6,8 +6,8 @@ import random
 import pytest
 
 from celeris import GenerationParams
-from celeris.evals import corpus, longcheck, storycheck
-from celeris.evals.longcheck import Hero
+from celeris.synthetic import corpus, longcheck, storycheck
+from celeris.synthetic.longcheck import Hero
 
 # A hand-written long story in the corpus's own sentence shapes: the base of the corruptions.
 STORY = ("Once upon a time, there was a brave fox named Tom. Tom liked to play every day.\n\n"

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from celeris.evals import corpus, tasks
+from celeris.synthetic import corpus, tasks
 from celeris.train import tokenizer_train as tt
 from celeris.train.data import IGNORE, Batcher
 from celeris.train.objective import diffusion_loss, mask_batch

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gradio as gr
 import pytest
 
 from celeris import Engine
 from tests.test_app import make_ar_dir
 from tests.tiny_model import make_tiny_model_dir
+from tests.ui_fakes import ActiveSlot
 from ui import render
 from ui.context import EngineSlot
-from ui.race import KEYS, STOPPED, headers, lineup, make_race, make_race_stop, stats
+from ui.race import (KEYS, STOPPED, compare, headers, lineup, make_race, make_race_stop,
+                     not_comparable, race_summary, stats)
 
 PROMPT = "Once upon a time"
 
@@ -140,3 +143,64 @@ def test_lineup_without_a_model_and_stop(tmp_path):
     out = make_race_stop(Slot())(stats(3, 3, 1.0, "done"), stats(state="loading"),
                                  stats(), None)
     assert [c["state"] for c in out[:3]] == ["done", "stopped", "stopped"]
+
+
+# ---------------------------------------------------------------------- ratios, Stop and settling
+def test_race_ratios_need_comparable_runs_and_show_tokens_and_time():
+    long_a = stats(160, 40, 0.5, "done", "stop")
+    long_b = stats(150, 150, 1.5, "done", "stop")
+    line = compare(long_a, long_b, ("block diffusion", "autoregressive"))
+    assert line.startswith("**block diffusion vs autoregressive**: 3.20x the tokens/s")
+    assert "160 tokens in 0.50 s vs 150 tokens in 1.50 s" in line
+    short = stats(2, 1, 0.01, "done", "stop")
+    assert "too short to time" in not_comparable(short, stats(2, 2, 0.02, "done", "stop"))
+    broken = stats(21, 21, 0.05, "done", "stop")         # the old full-canvas column
+    assert "differ in length" in not_comparable(long_a, broken)
+    cut = stats(150, 40, 0.5, "done", "length")
+    assert "length cap" in not_comparable(cut, long_b)
+    summary = race_summary({"main": long_a, "canvas": broken, "ar": long_b},
+                           {"main": "block diffusion", "canvas": "full canvas"})
+    assert "**block diffusion vs full canvas**: no speed ratio: the answers differ" in summary
+    assert "21 tokens in 0.05 s" in summary and "3.20x" in summary
+
+
+def test_race_stop_marks_unfinished_columns_stopped():
+    from ui.race import STOPPED, make_race_stop, stats
+
+    class Slot:
+        aborted = None
+
+        def abort(self, session):
+            Slot.aborted = session
+
+    request = type("R", (), {"session_hash": "s1"})()
+    out = make_race_stop(Slot())(stats(3, 3, 1.0, "done"), stats(state="running"),
+                                 stats(), request)
+    assert [c["state"] for c in out[:3]] == ["done", "stopped", "stopped"]
+    assert out[3] == STOPPED and Slot.aborted == "s1"
+
+
+def test_race_settle_after_a_cancelled_race_marks_stale_running_columns_stopped():
+    # Stop's own update came first, then a frame sent before the cancel brought "running"
+    # back: the handler chained after the race event (it runs once the cancel completed)
+    # puts "stopped" back, and leaves finished columns as they are
+    from ui.race import STOPPED, make_race_settle, stats
+
+    request = type("R", (), {"session_hash": "s1"})()
+    settle = make_race_settle(ActiveSlot())
+    out = settle(stats(3, 3, 1.0, "done"), stats(5, 2, 0.5, "running"), stats(), request)
+    assert [c["state"] for c in out[:3]] == ["done", "stopped", "stopped"]
+    assert out[1]["tokens"] == "5" and out[1]["nfe"] == "2"   # the figures so far kept
+    assert out[3] == STOPPED
+
+
+def test_race_settle_leaves_a_finished_race_and_a_newer_run_alone():
+    from ui.race import make_race_settle, stats
+
+    request = type("R", (), {"session_hash": "s1"})()
+    finished = [stats(3, 3, 1.0, "done"), stats(state="unavailable"), stats(4, 4, 1.0, "done")]
+    assert make_race_settle(ActiveSlot())(*finished, request) == [gr.skip()] * 4
+    running = [stats(state="running"), stats(), stats()]   # the session started a new race
+    assert make_race_settle(ActiveSlot("s1"))(*running, request) == [gr.skip()] * 4
+    other = make_race_settle(ActiveSlot("s2"))(*running, request)   # another tab's run
+    assert [c["state"] for c in other[:3]] == ["stopped"] * 3

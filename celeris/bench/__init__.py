@@ -2,7 +2,7 @@
 
 All requested suites run in one process on one loaded model, so every ratio in the report is
 measured side by side. The report records the machine, versions, dtype, model, lengths, batch
-size and accuracy next to every speed (DESIGN.md, "Honesty rules for numbers").
+size and accuracy next to every speed (docs/DESIGN.md, "Numbers we publish").
 """
 
 from __future__ import annotations

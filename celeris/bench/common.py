@@ -2,8 +2,9 @@
 
 A suite is a function ``run(ctx) -> dict`` returning a plain JSON-able section: ``rows`` (one
 dict per measured configuration), ``columns`` (which row keys the console table shows),
-``settings`` and ``notes``. Counting follows DESIGN.md everywhere: completion tokens before the
-first EOS (``GenerationResult.usage.completion_tokens``) over the wall time around the call.
+``settings`` and ``notes``. Counting follows docs/DESIGN.md ("tokens/s") everywhere: completion
+tokens before the first EOS (``GenerationResult.usage.completion_tokens``) over the wall time
+around the call.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def machine_info() -> dict[str, Any]:
 # ---------------------------------------------------------------------- prompts
 def task_examples(n_per_task: int) -> list[Any]:
     """The first ``n_per_task`` problems of each task's fixed held-out eval set."""
-    from celeris.evals import TASKS, eval_examples
+    from celeris.synthetic.tasks import TASKS, eval_examples
     return [ex for task in TASKS for ex in eval_examples(task, n_per_task)]
 
 
@@ -173,13 +174,13 @@ def messages(prompt: str) -> list[dict[str, str]]:
 def story_prompt(seed: int = 0) -> str:
     import random
 
-    from celeris.evals.corpus import story_request
+    from celeris.synthetic.corpus import story_request
     return story_request(random.Random(f"celeris-bench:{seed}"), split="eval")[0]
 
 
 def accuracy(examples: Sequence[Any], texts: Sequence[str]) -> tuple[float, dict[str, float]]:
     """Overall exact-match accuracy and per task."""
-    from celeris.evals import score
+    from celeris.synthetic.tasks import score
 
     per: dict[str, list[bool]] = {}
     for ex, text in zip(examples, texts):

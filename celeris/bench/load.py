@@ -27,8 +27,8 @@ from ..request_params import request_params
 @dataclass(frozen=True)
 class LoadRequest:
     prompt: str
-    example: Any = None     # a checkable task problem (celeris.evals.tasks.Example)
-    story: Any = None       # a story request (celeris.evals.corpus.StoryRequest)
+    example: Any = None     # a checkable task problem (celeris.synthetic.tasks.Example)
+    story: Any = None       # a story request (celeris.synthetic.corpus.StoryRequest)
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -46,8 +46,8 @@ class Sample:
 
 def mixed_requests(n: int) -> list[LoadRequest]:
     """``n`` requests alternating held-out story requests and held-out task problems."""
-    from celeris.evals import TASKS, eval_examples
-    from celeris.evals.corpus import heldout_long_requests
+    from celeris.synthetic.tasks import TASKS, eval_examples
+    from celeris.synthetic.corpus import heldout_long_requests
     stories = heldout_long_requests((n + 1) // 2)
     per_task = -(-(n // 2) // len(TASKS))
     tasks = [ex for i in range(per_task) for ex in
@@ -108,12 +108,12 @@ def quality(reqs: Sequence[LoadRequest], texts: Sequence[str]) -> dict[str, Any]
     out: dict[str, Any] = {}
     tasks = [(r.example, t) for r, t in zip(reqs, texts) if r.example is not None]
     if tasks:
-        from celeris.evals import score
+        from celeris.synthetic.tasks import score
         out["task_accuracy"] = round(sum(score(ex.task, t, ex.answer) for ex, t in tasks)
                                      / len(tasks), 4)
     stories = [(r.story, t) for r, t in zip(reqs, texts) if r.story is not None]
     if stories:
-        from celeris.evals.longcheck import long_score
+        from celeris.synthetic.longcheck import long_score
         q = long_score([t for _, t in stories], [s for s, _ in stories])
         out["story_grammatical"] = round(q["grammatical"], 4)
         out["story_request_honoured"] = round(q["request_honoured"], 4)

@@ -33,14 +33,14 @@ SEED_REQUESTS, SEEDS, SEED_TEMPERATURE = 4, 5, 0.8   # "5 seeds": one request, f
 
 
 def requests_for(ctx: BenchContext) -> list[Any]:
-    from celeris.evals.corpus import heldout_long_requests
+    from celeris.synthetic.corpus import heldout_long_requests
     return heldout_long_requests(REQUESTS_PER_N * ctx.n)
 
 
 def _row(system: str, batch: int, texts: list[str], tokens: list[int], nfe: list[int] | None,
          walls: list[float], requests: Sequence[Any], params: dict[str, Any]
          ) -> dict[str, Any]:
-    from celeris.evals.longcheck import fields_line, long_score
+    from celeris.synthetic.longcheck import fields_line, long_score
 
     quality = long_score(texts, list(requests))
     total, wall = sum(tokens), sum(walls)
@@ -67,7 +67,7 @@ def max_new_tokens(ctx: BenchContext) -> int:
 def celeris_params(ctx: BenchContext) -> Any:
     """The model's defaults with gen_length the story cap (a full-attention model keeps its
     default steps per block)."""
-    from celeris.evals.longcheck import long_params
+    from celeris.synthetic.longcheck import long_params
     return long_params(ctx.engine.default_params(), max_new_tokens(ctx)).replace(
         seed=0, stop=())
 
@@ -134,7 +134,7 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
                 "ar_model": ctx.ar.info(), "requests": len(requests), "batches": [1, 8],
                 "max_new_tokens": max_new_tokens(ctx),
                 "celeris_params": celeris_params(ctx).to_dict(),
-                "prompt_source": "celeris.evals.corpus.heldout_long_requests (held-out), "
+                "prompt_source": "celeris.synthetic.corpus.heldout_long_requests (held-out), "
                                  "as chat messages"}
     cap = max_new_tokens(ctx)
     notes = ["the two systems ran side by side: each chunk of requests by both in turn",
@@ -149,7 +149,7 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              "earlier one of the same story (corpus ~0.005); distinct = fraction of all the "
              "answers' sentences that are distinct, names replaced by one placeholder (the "
              "corpus's stories for the 40 held-out requests 0.65; one story told to every request "
-             "scores low) (celeris.evals.longcheck)",
+             "scores low) (celeris.synthetic.longcheck)",
              f"5 seeds = distinct stories among {SEEDS} samples of one request at temperature "
              f"{SEED_TEMPERATURE} (seeds 0-{SEEDS - 1}), mean over the first {SEED_REQUESTS} "
              "requests; engine systems, batch-1 rows (the HF twin's generate() is greedy)",

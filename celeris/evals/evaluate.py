@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from celeris.evals import corpus as _corpus
+from celeris.synthetic import corpus as _corpus
+from celeris.synthetic import tasks as _tasks
 from celeris.train import objective
-from celeris.evals import tasks as _tasks
 from celeris.train.blockdiff import block_eval_loss
 
 DEFAULT_MODELS = {"diffusion": Path("models/celeris-tiny-bd"), "ar": Path("models/celeris-tiny-ar")}

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celeris.evals import corpus as _corpus
-from celeris.evals import longcheck
+from celeris.synthetic import corpus as _corpus
+from celeris.synthetic import longcheck
+from celeris.synthetic import tasks as _tasks
 from celeris.train import stream as _stream
-from celeris.evals import tasks as _tasks
 
 TEACHER = {"temperature": 0.0, "cache": "prefix"}    # over the model's default decoding
 MAX_NEW_TOKENS = 448

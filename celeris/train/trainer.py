@@ -1,7 +1,7 @@
 """Train the shipped tiny models on CPU: the masked-diffusion ``celeris-tiny``, its
 autoregressive twin ``celeris-tiny-ar`` and the block-diffusion ``celeris-tiny-bd`` (same size,
 same tokenizer). A shipped model's stages are in ``models/<name>/recipe.toml``, run by
-``celeris train --recipe`` (``celeris.train.pipeline``), which calls ``train`` once a run:
+``celeris train --recipe`` (``celeris.pipeline``), which calls ``train`` once a run:
 
     train("runs/ar", steps=N, kind="ar")
     train("runs/bd", steps=N, kind="bd", init_from="runs/ar")     # AR-to-block-diffusion
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from celeris.evals import corpus as _corpus
+from celeris.synthetic import corpus as _corpus
 from celeris.train import stream as _stream
 from celeris.train import blockdiff, checkpoints, objective
 from celeris.train import tokenizer_train as tt

@@ -13,9 +13,9 @@ import re
 from functools import lru_cache
 from typing import NamedTuple
 
-from celeris.evals import corpus as C
-from celeris.evals.corpus import paragraphs
-from celeris.evals.storycheck import SENTENCE, lexicon, lexicon_pattern, score, sentences
+from celeris.synthetic import corpus as C
+from celeris.synthetic.corpus import paragraphs
+from celeris.synthetic.storycheck import SENTENCE, lexicon, lexicon_pattern, score, sentences
 
 ASK_KEYS = ("kind", "adj", "name", "place", "obj")
 

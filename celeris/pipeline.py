@@ -1,5 +1,7 @@
 """Run a recipe (``celeris.train.recipe``) end to end: every stage's model, the distill-data
 files they train on, the averages of their runs, and at the end the model card's figures.
+It sits above ``celeris.train`` (the stages) and ``celeris.evals`` (the card): evals imports
+train, never the other way round.
 
 Each stage is made once: ``OUT/stage-NN/stage.json`` marks it finished and a later call skips
 it; a stage cut short resumes from its last checkpoint, a distill file from its last batch.
