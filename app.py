@@ -29,11 +29,14 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
+from starlette.requests import HTTPConnection  # noqa: E402
+from starlette.routing import Mount  # noqa: E402
 
 import celeris  # noqa: E402
 import ui  # noqa: E402
 from celeris.server import create_app  # noqa: E402
-from celeris.server.auth import add_loopback_host_check, is_loopback  # noqa: E402
+from celeris.server.auth import (LoginGate, add_loopback_host_check, is_loopback,  # noqa: E402
+                                  same_origin_only)
 from celeris.server.serve import DRAIN_TIMEOUT_S, DrainingServer, uvicorn_config  # noqa: E402
 
 try:   # Hugging Face ZeroGPU: optional; elsewhere the UI handlers run undecorated
@@ -46,6 +49,10 @@ except ImportError:
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SHIPPED_MODELS = tuple(os.path.join(ROOT, "models", name)
                        for name in ("celeris-tiny-bd", "celeris-tiny"))
+# What the playground's login page loads (with a key set, nothing else answers without it).
+LOGIN_PAGE = frozenset({"/", "/theme.css", "/favicon.ico", "/manifest.json", "/pwa_icon",
+                        "/robots.txt", "/logout"})
+LOGIN_PAGE_FILES = ("/assets/", "/static/", "/pwa_icon/")   # scripts, styles, fonts, icons
 LOGIN_MESSAGE = ("This Celeris server requires its API key: enter any user name and the key "
                  "(CELERIS_API_KEY) as the password.")
 
@@ -189,8 +196,34 @@ def build_app(engine: Any, api_key: str | None = None, *, host: str = "127.0.0.1
     demo = ui.build_blocks(slot)
     demo.queue(max_size=64, default_concurrency_limit=concurrency)
     login = dict(auth=password_check(api_key), auth_message=LOGIN_MESSAGE) if api_key else {}
-    return gr.mount_gradio_app(api, demo, path="/", theme=ui.theme(), css=ui.css(),
-                               head=ui.HEAD, ssr_mode=False, show_error=True, **login)
+    app = gr.mount_gradio_app(api, demo, path="/", theme=ui.theme(), css=ui.css(),
+                              head=ui.HEAD, ssr_mode=False, show_error=True, **login)
+    if api_key:
+        guard_playground(app)
+    return app
+
+
+def guard_playground(app: FastAPI) -> None:
+    """With a key: Gradio's own login protects its event endpoints, but not its heartbeat,
+    route list or session routes, and its CORS allows any localhost origin with credentials.
+    So every playground route but the login page's needs a logged-in session, and no other
+    origin may call in."""
+    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount) and r.path == "")
+
+    def logged_in(scope: dict) -> bool:   # Gradio's session cookie, as its /login set it
+        cookies, cid = HTTPConnection(scope).cookies, gradio_app.cookie_id
+        token = cookies.get(f"access-token-{cid}") or cookies.get(f"access-token-unsecure-{cid}")
+        return token is not None and token in gradio_app.tokens
+
+    gradio_app.add_middleware(LoginGate, public=login_page, logged_in=logged_in)
+    same_origin_only(app)
+
+
+def login_page(method: str, path: str) -> bool:
+    """Whether a request is one the login page makes before there is a session."""
+    if path in ("/login", "/login/"):
+        return method == "POST"
+    return method in ("GET", "HEAD") and (path in LOGIN_PAGE or path.startswith(LOGIN_PAGE_FILES))
 
 
 def password_check(api_key: str) -> Callable[[str, str], bool]:
