@@ -183,3 +183,52 @@ def test_the_login_page_logs_in_in_a_browser(keyed):
         page.fill("input[type=password]", KEY)
         page.keyboard.press("Enter")
         expect(page.locator("#pg-generate")).to_be_visible()
+
+
+# ----------------------------------------------------------------------- malformed calls
+SECRET = "SECRET PROMPT TEXT"
+
+
+def generate_id(url: str) -> int:
+    return next(d["id"] for d in endpoints(url) if d.get("api_name") == "generate")
+
+
+def assert_quiet(caplog, capfd, refusals: int) -> None:
+    """One log line per refused call, no traceback, and never the user's text."""
+    lines = [r.getMessage() for r in caplog.records if "refused a call" in r.getMessage()]
+    assert len(lines) == refusals, lines
+    err = capfd.readouterr().err + caplog.text
+    assert "Traceback" not in err and SECRET not in err
+
+
+def test_a_call_with_the_wrong_number_of_inputs_is_a_422_with_a_plain_message(
+        keyed, caplog, capfd):
+    fn_index = generate_id(keyed)
+    caplog.set_level("INFO")
+    capfd.readouterr()
+    with login(keyed, KEY) as client:
+        calls = [("/gradio_api/run/generate", {"data": [SECRET]}),
+                 ("/gradio_api/call/generate", {"data": [SECRET, False]}),
+                 ("/gradio_api/queue/join", {"data": [SECRET], "fn_index": fn_index,
+                                             "session_hash": "bad"})]
+        for path, body in calls:
+            refused = client.post(path, json=body)
+            assert refused.status_code == 422, (path, refused.text)
+            given = len(body["data"])
+            message = refused.json()["error"]["message"]
+            assert message.startswith(f"generate: {given} inputs given, it takes "), message
+            assert "object at 0x" not in refused.text and "gradio." not in refused.text
+    assert_quiet(caplog, capfd, len(calls))
+
+
+def test_a_value_an_input_cannot_take_is_a_plain_error_and_one_log_line(keyed, caplog, capfd):
+    caplog.set_level("INFO")
+    capfd.readouterr()
+    with login(keyed, KEY) as client:
+        data = [SECRET, False, "not a number", *SETTINGS[1:]]
+        event = client.post("/gradio_api/call/generate", json={"data": data}).json()["event_id"]
+        with client.stream("GET", f"/gradio_api/call/generate/{event}") as stream:
+            lines = [line for line in stream.iter_lines() if line.startswith("data:")]
+    assert "generate: input 2 (a slider) cannot take the value given" in lines[-1]
+    assert SECRET not in lines[-1] and "Could not preprocess" not in lines[-1]
+    assert_quiet(caplog, capfd, 1)
