@@ -5,12 +5,6 @@ vocabulary), never from literals: LLaDA, Dream and celeris-tiny all spell them d
 Where a published checkpoint names an id in none of them (Fast-dLLM v2's mask, LLaDA-MoE's,
 given only in their model cards), the family's known ids (the config's ``known_special_ids``)
 are the last resort.
-
-User text is text: special-token spellings in a prompt or in a message's content
-(``<|mask|>``, ``<|assistant|>``) are encoded as the characters they are, never as the control
-tokens they name, so a user can neither forge a turn nor place a mask in a prompt. Only the chat
-template's own markup becomes control tokens. ``Tokenizer(..., parse_special=True)`` is the
-operator's opt-in to the old reading (special-token text in user input is parsed).
 """
 
 from __future__ import annotations
@@ -45,6 +39,12 @@ class SpecialIds:
 
 
 class Tokenizer:
+    """A model's tokenizer and special ids. User text is text: special-token spellings in a
+    prompt or in a message's content (``<|mask|>``, ``<|assistant|>``) are encoded as the
+    characters they are, never as the control tokens they name, so a user can neither forge a
+    turn nor place a mask in a prompt; only the chat template's own markup becomes control
+    tokens. ``parse_special=True`` is the operator's opt-in to parsing them in user text."""
+
     def __init__(self, hf_tokenizer: Any, special: SpecialIds, parse_special: bool = False
                  ) -> None:
         self.hf = hf_tokenizer
@@ -86,6 +86,16 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    @staticmethod
+    def check_prompt_ids(ids: Sequence[int], special: Any) -> None:
+        """Refuse prompt ids the engine cannot take as given text: the mask id (a masked
+        position is one the model is asked to fill, not part of the prompt; in a prompt it
+        leaves the step nothing to compute). Raises ValueError naming the id."""
+        if special.mask in ids:
+            raise ValueError(f"prompt token ids must not contain {special.mask}, the model's "
+                             "mask token: a prompt is given text, and masked positions are "
+                             "what the model generates")
 
     def answer_ids(self, canvas: Sequence[int]) -> list[int]:
         """The generated ids before the first stop token (EOS/EoT) or mask."""
@@ -139,14 +149,7 @@ def _spells_special(hf: Any, text: Any) -> bool:
     return isinstance(text, str) and any(t in text for t in hf.all_special_tokens)
 
 
-def check_prompt_ids(ids: Sequence[int], special: Any) -> None:
-    """Refuse prompt ids the engine cannot take as given text: the mask id (a masked
-    position is one the model is asked to fill, not part of the prompt; in a prompt it
-    leaves the step nothing to compute). Raises ValueError naming the id."""
-    if special.mask in ids:
-        raise ValueError(f"prompt token ids must not contain {special.mask}, the model's mask "
-                         "token: a prompt is given text, and masked positions are what the "
-                         "model generates")
+check_prompt_ids = Tokenizer.check_prompt_ids   # for callers with a stand-in tokenizer
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

@@ -29,7 +29,7 @@ from ..model.compiled import CompiledForward
 from ..model.dispatch import main_device
 from ..outputs import GenerationResult, StepEvent, StepTiming
 from ..params import GenerationParams
-from ..tokenizer import Messages, Tokenizer, check_prompt_ids
+from ..tokenizer import Messages, Tokenizer
 from .families import (DEFAULT_MODEL, ContextLengthError, family_defaults, family_name,
                        infill_refusal, memory_info, read_generation_defaults, split_infill)
 from .infill import infill_canvas
@@ -169,7 +169,7 @@ class Engine:
                 raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad}")
         else:
             ids = self.tokenizer.encode_prompt(prompt)
-        check_prompt_ids(ids, self.tokenizer.special)
+        Tokenizer.check_prompt_ids(ids, self.tokenizer.special)
         limit = self.model.config.max_position_embeddings
         if len(ids) + params.gen_length > limit:
             raise ContextLengthError(len(ids), params.gen_length, limit)
