@@ -19,7 +19,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import logging
 import os
+import re
 import socket
 import sys
 from typing import Any, Callable, Sequence
@@ -29,11 +31,15 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
+from starlette.requests import HTTPConnection  # noqa: E402
+from starlette.routing import Mount  # noqa: E402
 
 import celeris  # noqa: E402
 import ui  # noqa: E402
 from celeris.server import create_app  # noqa: E402
-from celeris.server.auth import add_loopback_host_check, is_loopback  # noqa: E402
+from celeris.server.auth import (LoginGate, add_loopback_host_check, is_loopback,  # noqa: E402
+                                  same_origin_only)
+from celeris.server.guards import CallCheck  # noqa: E402
 from celeris.server.serve import DRAIN_TIMEOUT_S, DrainingServer, uvicorn_config  # noqa: E402
 
 try:   # Hugging Face ZeroGPU: optional; elsewhere the UI handlers run undecorated
@@ -46,6 +52,13 @@ except ImportError:
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SHIPPED_MODELS = tuple(os.path.join(ROOT, "models", name)
                        for name in ("celeris-tiny-bd", "celeris-tiny"))
+# What the playground's login page loads (with a key set, nothing else answers without it).
+LOGIN_PAGE = frozenset({"/", "/theme.css", "/favicon.ico", "/manifest.json", "/pwa_icon",
+                        "/robots.txt", "/logout"})
+LOGIN_PAGE_FILES = ("/assets/", "/static/", "/pwa_icon/")   # scripts, styles, fonts, icons
+# Gradio's API calls: by name (/call, /call/v2, /run, /api) or by listener index (queue/join).
+GRADIO_CALL = re.compile(r"/gradio_api/(?:(?:call/v2|call|run|api)/(?P<name>[^/]+)|queue/join)/?")
+log = logging.getLogger("celeris.playground")
 LOGIN_MESSAGE = ("This Celeris server requires its API key: enter any user name and the key "
                  "(CELERIS_API_KEY) as the password.")
 
@@ -189,8 +202,79 @@ def build_app(engine: Any, api_key: str | None = None, *, host: str = "127.0.0.1
     demo = ui.build_blocks(slot)
     demo.queue(max_size=64, default_concurrency_limit=concurrency)
     login = dict(auth=password_check(api_key), auth_message=LOGIN_MESSAGE) if api_key else {}
-    return gr.mount_gradio_app(api, demo, path="/", theme=ui.theme(), css=ui.css(),
-                               head=ui.HEAD, ssr_mode=False, show_error=True, **login)
+    app = gr.mount_gradio_app(api, demo, path="/", theme=ui.theme(), css=ui.css(),
+                              head=ui.HEAD, ssr_mode=False, show_error=True, **login)
+    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount) and r.path == "")
+    gradio_app.add_middleware(CallCheck, wants=GRADIO_CALL.fullmatch,
+                              check=input_count_check(demo))
+    quiet_input_errors(demo)
+    if api_key:
+        guard_playground(app, gradio_app)
+    return app
+
+
+def input_count_check(demo: gr.Blocks) -> Callable[[str, Any], tuple[str, str] | None]:
+    """A refusal for a Gradio call whose ``data`` has not as many values as its listener
+    takes (Gradio would answer 500 with its components' reprs and log the inputs)."""
+    by_name = {fn.api_name: fn for fn in demo.fns.values() if fn.api_name}
+
+    def check(path: str, body: Any) -> tuple[str, str] | None:
+        data = body.get("data") if isinstance(body, dict) else None
+        name = GRADIO_CALL.fullmatch(path)["name"]
+        index = body.get("fn_index") if isinstance(body, dict) else None
+        fn = by_name.get(name) if name else (demo.fns.get(index) if type(index) is int else None)
+        if fn is None or not isinstance(data, list):
+            return None   # Gradio answers those itself (404, 422)
+        takes = sorted({len(fn.inputs), len([b for b in fn.inputs if not b.skip_api])})
+        if len(data) in takes:
+            return None
+        return (fn.api_name or f"listener {index}",
+                f"{len(data)} inputs given, it takes {' or '.join(map(str, takes))}")
+
+    return check
+
+
+def quiet_input_errors(demo: gr.Blocks) -> None:
+    """A value an input component cannot take becomes a plain error (which input, what
+    kind) and one log line without the value, instead of Gradio's traceback and reprs."""
+    preprocess = demo.preprocess_data
+
+    async def checked(block_fn: Any, inputs: list, state: Any, explicit_call: bool = False
+                      ) -> Any:
+        try:
+            return await preprocess(block_fn, inputs, state, explicit_call)
+        except gr.Error:
+            raise
+        except ValueError as exc:   # gradio's ComponentProcessingError, or a count mismatch
+            where = re.search(r"index (\d+) \(a `(\w+)`", str(exc))
+            why = (f"input {where[1]} (a {where[2]}) cannot take the value given" if where
+                   else "the inputs do not fit this listener")
+            name = block_fn.api_name or "a listener"
+            log.warning("refused a call to %s: %s", name, why)
+            raise gr.Error(f"{name}: {why}", print_exception=False) from None
+
+    demo.preprocess_data = checked
+
+
+def guard_playground(app: FastAPI, gradio_app: Any) -> None:
+    """With a key: Gradio's own login protects its event endpoints, but not its heartbeat,
+    route list or session routes, and its CORS allows any localhost origin with credentials.
+    So every playground route but the login page's needs a logged-in session, and no other
+    origin may call in."""
+    def logged_in(scope: dict) -> bool:   # Gradio's session cookie, as its /login set it
+        cookies, cid = HTTPConnection(scope).cookies, gradio_app.cookie_id
+        token = cookies.get(f"access-token-{cid}") or cookies.get(f"access-token-unsecure-{cid}")
+        return token is not None and token in gradio_app.tokens
+
+    gradio_app.add_middleware(LoginGate, public=login_page, logged_in=logged_in)
+    same_origin_only(app)
+
+
+def login_page(method: str, path: str) -> bool:
+    """Whether a request is one the login page makes before there is a session."""
+    if path in ("/login", "/login/"):
+        return method == "POST"
+    return method in ("GET", "HEAD") and (path in LOGIN_PAGE or path.startswith(LOGIN_PAGE_FILES))
 
 
 def password_check(api_key: str) -> Callable[[str, str], bool]:

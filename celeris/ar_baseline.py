@@ -19,7 +19,7 @@ import torch
 
 from .config import ModelLoadError
 from .model.weights import resolve_device, resolve_dtype
-from .tokenizer import EOT_NAMES
+from .tokenizer import EOT_NAMES, encode_messages, encode_text
 
 Prompt = str | Sequence[dict[str, Any]]
 
@@ -50,16 +50,13 @@ class ARBaseline:
 
     # ------------------------------------------------------------------ encoding
     def encode(self, prompt: Prompt) -> list[int]:
-        """Text as is (with the tokenizer's special tokens); messages via the chat template."""
+        """Text as is (with the tokenizer's BOS; special-token text in it stays text);
+        messages via the chat template, as the diffusion engine encodes them."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            return list(self.tokenizer(prompt)["input_ids"])
-        out = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True,
-                                                 tokenize=True)
-        if hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
+            return encode_text(self.tokenizer, prompt)
+        return encode_messages(self.tokenizer, prompt)
 
     def _batch_inputs(self, prompts: Sequence[Prompt]) -> tuple[torch.Tensor, torch.Tensor]:
         rows = [self.encode(p) for p in prompts]

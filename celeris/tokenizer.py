@@ -10,6 +10,8 @@ given only in their model cards), the family's known ids (``Family.special_ids``
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,9 +39,17 @@ class SpecialIds:
 
 
 class Tokenizer:
-    def __init__(self, hf_tokenizer: Any, special: SpecialIds) -> None:
+    """A model's tokenizer and special ids. User text is text: special-token spellings in a
+    prompt or in a message's content (``<|mask|>``, ``<|assistant|>``) are encoded as the
+    characters they are, never as the control tokens they name, so a user can neither forge a
+    turn nor place a mask in a prompt; only the chat template's own markup becomes control
+    tokens. ``parse_special=True`` is the operator's opt-in to parsing them in user text."""
+
+    def __init__(self, hf_tokenizer: Any, special: SpecialIds, parse_special: bool = False
+                 ) -> None:
         self.hf = hf_tokenizer
         self.special = special
+        self.parse_special = parse_special   # read special-token text in user input as tokens
 
     # --------------------------------------------------------------- loading
     @classmethod
@@ -58,17 +68,14 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` (a prompt) the model's BOS is
-        prepended, without (a piece inside a canvas) it is not."""
-        return list(self.hf(text, add_special_tokens=add_special_tokens)["input_ids"])
+        prepended, without (a piece inside a canvas) it is not. Special-token text in
+        ``text`` stays text unless ``parse_special``."""
+        return encode_text(self.hf, text, add_special_tokens, self.parse_special)
 
     def encode_chat(self, messages: Messages) -> list[int]:
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; send a plain prompt instead")
-        out = self.hf.apply_chat_template(list(messages), add_generation_prompt=True,
-                                          tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "keys"):
-            out = out["input_ids"]
-        return list(out)
+        return encode_messages(self.hf, messages, self.parse_special)
 
     def encode_prompt(self, prompt: str | Messages) -> list[int]:
         """A string is encoded as is; a list of {"role", "content"} dicts goes through the
@@ -83,6 +90,16 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
+    @staticmethod
+    def check_prompt_ids(ids: Sequence[int], special: Any) -> None:
+        """Refuse prompt ids the engine cannot take as given text: the mask id (a masked
+        position is one the model is asked to fill, not part of the prompt; in a prompt it
+        leaves the step nothing to compute). Raises ValueError naming the id."""
+        if special.mask in ids:
+            raise ValueError(f"prompt token ids must not contain {special.mask}, the model's "
+                             "mask token: a prompt is given text, and masked positions are "
+                             "what the model generates")
+
     def answer_ids(self, canvas: Sequence[int]) -> list[int]:
         """The generated ids before the first stop token (EOS/EoT) or mask."""
         stop = set(self.special.stop) | {self.special.mask}
@@ -92,6 +109,50 @@ class Tokenizer:
                 break
             out.append(t)
         return out
+
+
+def encode_text(hf: Any, text: str, add_special_tokens: bool = True,
+                parse_special: bool = False) -> list[int]:
+    """``text``'s ids; special-token text in it is split into ordinary tokens (the
+    tokenizer's ``split_special_tokens``) unless ``parse_special``."""
+    return list(hf(text, add_special_tokens=add_special_tokens,
+                   split_special_tokens=not parse_special)["input_ids"])
+
+
+def encode_messages(hf: Any, messages: Messages, parse_special: bool = False) -> list[int]:
+    """The chat template's ids for ``messages`` with the assistant turn opened. Content that
+    spells a special token is encoded as text: the template is rendered around a stand-in
+    for each content, its markup is tokenised as usual and each content as plain text."""
+    messages = list(messages)
+    spelled = [m for m in messages if _spells_special(hf, m.get("content"))]
+    if parse_special or not spelled:
+        return _template_ids(hf, messages, tokenize=True)
+    nonce = secrets.token_hex(8)
+    stand_ins = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
+    markup = _template_ids(hf, [{**m, "content": s} for m, s in zip(messages, stand_ins)],
+                           tokenize=False)
+    pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", markup)   # markup, index, markup, ...
+    ids: list[int] = []
+    for k, piece in enumerate(pieces):
+        if k % 2:
+            ids += encode_text(hf, messages[int(piece)]["content"], add_special_tokens=False)
+        elif piece:
+            ids += encode_text(hf, piece, add_special_tokens=False, parse_special=True)
+    return ids
+
+
+def _template_ids(hf: Any, messages: list, tokenize: bool) -> Any:
+    out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize)
+    if tokenize and (isinstance(out, dict) or hasattr(out, "keys")):
+        out = out["input_ids"]
+    return list(out) if tokenize else out
+
+
+def _spells_special(hf: Any, text: Any) -> bool:
+    return isinstance(text, str) and any(t in text for t in hf.all_special_tokens)
+
+
+check_prompt_ids = Tokenizer.check_prompt_ids   # for callers with a stand-in tokenizer
 
 
 def validate_messages(messages: Any) -> list[dict[str, str]]:

@@ -1,6 +1,7 @@
 """Engine faults as the API shows them: repeated step failures turn /ready to 503 (and back
-after a good step) and show in /metrics; out of memory is a 503 with Retry-After, never a 500;
-requests are refused while the model warms up."""
+after a good step) and show in /metrics; while unhealthy, new requests get a 503 with
+Retry-After and a background probe readmits them once a step succeeds; out of memory is a 503
+with Retry-After, never a 500; requests are refused while the model warms up."""
 
 from __future__ import annotations
 
@@ -18,9 +19,13 @@ from tests.tiny_model import make_tiny_model_dir
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    engine = celeris.Engine.from_pretrained(make_tiny_model_dir(tmp_path_factory.mktemp("h")),
-                                            device="cpu")
+def model_dir(tmp_path_factory):
+    return make_tiny_model_dir(tmp_path_factory.mktemp("h"))
+
+
+@pytest.fixture
+def engine(model_dir):   # one per test: a test's failed steps never make the next unhealthy
+    engine = celeris.Engine.from_pretrained(model_dir, device="cpu")
     yield engine
     engine.stop()
 
@@ -44,6 +49,14 @@ def metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+def wait_until(condition, tries: int = 100, pause_s: float = 0.05) -> bool:
+    for _ in range(tries):
+        if condition():
+            return True
+        threading.Event().wait(pause_s)
+    return False
+
+
 def complete(url: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/completions", json={"prompt": "x", "max_tokens": 8}, timeout=30)
 
@@ -60,11 +73,31 @@ def test_repeated_step_failures_turn_ready_to_503_until_a_step_succeeds(engine):
             assert metric(url, "celeris_step_failures_total") == UNHEALTHY_AFTER + 1
             assert metric(url, "celeris_consecutive_step_failures") == UNHEALTHY_AFTER + 1
             assert metric(url, "celeris_ready") == 0
-            fault.on = False
+            fault.on = False   # the next probe (at most one per PROBE_INTERVAL_S) passes
+            assert wait_until(lambda: httpx.get(f"{url}/ready").status_code == 200)
             assert complete(url).status_code == 200
-            assert httpx.get(f"{url}/ready").status_code == 200
             assert metric(url, "celeris_consecutive_step_failures") == 0
             assert metric(url, "celeris_step_failures_total") == UNHEALTHY_AFTER + 1
+    finally:
+        fault.handle.remove()
+
+
+def test_while_unhealthy_new_requests_get_503_with_retry_after_until_a_probe_passes(engine):
+    fault = Fault(engine, RuntimeError("the device fell off"))
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 8}
+    try:
+        with live_server(create_app(engine, warmup=False)) as url:
+            for _ in range(UNHEALTHY_AFTER):
+                assert complete(url).status_code == 500
+            for path, body in (("completions", {"prompt": "x", "max_tokens": 8}),
+                               ("completions", {"prompt": "x", "max_tokens": 8, "stream": True}),
+                               ("chat/completions", chat)):
+                refused = httpx.post(f"{url}/v1/{path}", json=body, timeout=30)
+                assert refused.status_code == 503, refused.text
+                assert refused.json()["error"]["code"] == "engine_unhealthy"
+                assert int(refused.headers["retry-after"]) >= 1
+            fault.on = False   # no /ready call: the refusals' own probes readmit requests
+            assert wait_until(lambda: complete(url).status_code == 200)
     finally:
         fault.handle.remove()
 

@@ -1,13 +1,14 @@
-"""Issue 34, item 15: with an API key, the playground and every one of its Gradio endpoints
-need the key too (Gradio's login: any user name, the key as password). Before, /v1 answered
-401 while gradio_client generated through /generate, and the Model tab's loader was open.
+"""With an API key, the playground and every one of its Gradio endpoints need the key too
+(Gradio's login: any user name, the key as password); without a login only the login page
+answers (its HTML, scripts, styles, fonts, icons), and no other origin is allowed by CORS.
 
-The endpoints are enumerated from the app's own Gradio config (read after logging in), so a
-listener added later is covered without touching this test."""
+The endpoints are enumerated from the app's own Gradio config and route list (read after
+logging in), so a listener or route added later is covered without touching this test."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 from typing import Iterator
 
@@ -110,3 +111,124 @@ def test_without_a_key_the_playground_stays_open(tmp_path):
             assert httpx.get(url + "/config", timeout=10).status_code == 200
     finally:
         app.stop_engine(engine)
+
+
+# ----------------------------------------------------------------------- only the login page
+def logged_out_status(url: str, method: str, path: str) -> int:
+    """The status of one unauthenticated request (a stream is closed after its headers)."""
+    body = {} if method == "POST" else None
+    with httpx.stream(method, url + path, json=body, timeout=10) as response:
+        return response.status_code
+
+
+def concrete(path: str) -> str:
+    return re.sub(r"\{[^}]*\}", "x", path)
+
+
+def test_without_a_login_only_the_login_page_answers(keyed):
+    with login(keyed, KEY) as client:
+        routes = client.get("/openapi.json").json()["paths"]   # every Gradio route
+    assert "/gradio_api/heartbeat/{session_hash}" in routes and len(routes) > 40
+    for path in ("/openapi.json", "/gradio_api/heartbeat/any", "/gradio_api/app_id",
+                 "/gradio_api/user", "/gradio_api/token", "/gradio_api/runs",
+                 "/gradio_api/startup-events"):
+        assert logged_out_status(keyed, "GET", path) == 401, path
+    for path, operations in routes.items():
+        for method in operations:
+            status = logged_out_status(keyed, method.upper(), concrete(path))
+            if app.login_page(method.upper(), concrete(path)) or path in ("/login", "/login/"):
+                assert status != 401, (method, path)
+            else:
+                assert status == 401, (method, path)
+
+
+def test_the_login_page_and_its_files_answer_without_a_login(keyed):
+    page = httpx.get(keyed + "/", timeout=10)
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    files = re.findall(r"""(?:src|href)=["'](?:\./|/)?((?:assets|static)/[^"'?]+)""", page.text)
+    assert any(f.endswith(".css") for f in files) and any(f.endswith(".js") for f in files)
+    for path in ["theme.css", "favicon.ico", "manifest.json", *files]:
+        assert httpx.get(f"{keyed}/{path}", timeout=10).status_code == 200, path
+
+
+def test_a_logged_in_session_keeps_its_heartbeat(keyed):
+    with login(keyed, KEY) as client:
+        assert client.get("/gradio_api/app_id").status_code == 200
+        with client.stream("GET", "/gradio_api/heartbeat/abc") as heartbeat:
+            assert heartbeat.status_code == 200
+
+
+@pytest.mark.parametrize("origin", ["http://localhost:1234", "http://127.0.0.1:9",
+                                    "https://evil.example"])
+def test_with_a_key_no_other_origin_is_allowed_by_cors(keyed, origin):
+    with login(keyed, KEY) as client:
+        for path in ("/", "/config", "/gradio_api/app_id"):
+            answer = client.get(path, headers={"Origin": origin})
+            assert "access-control-allow-origin" not in answer.headers, path
+        preflight = client.options("/gradio_api/queue/join", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert "access-control-allow-origin" not in preflight.headers
+
+
+@pytest.mark.browser
+def test_the_login_page_logs_in_in_a_browser(keyed):
+    from playwright.sync_api import expect
+
+    from tests.test_browser import chromium
+
+    with chromium("/usr/bin/chromium", 60_000) as browser:
+        page = browser.new_page()
+        page.goto(keyed + "/")
+        page.fill("input[type=text]", "anyone")
+        page.fill("input[type=password]", KEY)
+        page.keyboard.press("Enter")
+        expect(page.locator("#pg-generate")).to_be_visible()
+
+
+# ----------------------------------------------------------------------- malformed calls
+SECRET = "SECRET PROMPT TEXT"
+
+
+def generate_id(url: str) -> int:
+    return next(d["id"] for d in endpoints(url) if d.get("api_name") == "generate")
+
+
+def assert_quiet(caplog, capfd, refusals: int) -> None:
+    """One log line per refused call, no traceback, and never the user's text."""
+    lines = [r.getMessage() for r in caplog.records if "refused a call" in r.getMessage()]
+    assert len(lines) == refusals, lines
+    err = capfd.readouterr().err + caplog.text
+    assert "Traceback" not in err and SECRET not in err
+
+
+def test_a_call_with_the_wrong_number_of_inputs_is_a_422_with_a_plain_message(
+        keyed, caplog, capfd):
+    fn_index = generate_id(keyed)
+    caplog.set_level("INFO")
+    capfd.readouterr()
+    with login(keyed, KEY) as client:
+        calls = [("/gradio_api/run/generate", {"data": [SECRET]}),
+                 ("/gradio_api/call/generate", {"data": [SECRET, False]}),
+                 ("/gradio_api/queue/join", {"data": [SECRET], "fn_index": fn_index,
+                                             "session_hash": "bad"})]
+        for path, body in calls:
+            refused = client.post(path, json=body)
+            assert refused.status_code == 422, (path, refused.text)
+            given = len(body["data"])
+            message = refused.json()["error"]["message"]
+            assert message.startswith(f"generate: {given} inputs given, it takes "), message
+            assert "object at 0x" not in refused.text and "gradio." not in refused.text
+    assert_quiet(caplog, capfd, len(calls))
+
+
+def test_a_value_an_input_cannot_take_is_a_plain_error_and_one_log_line(keyed, caplog, capfd):
+    caplog.set_level("INFO")
+    capfd.readouterr()
+    with login(keyed, KEY) as client:
+        data = [SECRET, False, "not a number", *SETTINGS[1:]]
+        event = client.post("/gradio_api/call/generate", json={"data": data}).json()["event_id"]
+        with client.stream("GET", f"/gradio_api/call/generate/{event}") as stream:
+            lines = [line for line in stream.iter_lines() if line.startswith("data:")]
+    assert "generate: input 2 (a slider) cannot take the value given" in lines[-1]
+    assert SECRET not in lines[-1] and "Could not preprocess" not in lines[-1]
+    assert_quiet(caplog, capfd, 1)

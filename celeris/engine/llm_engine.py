@@ -185,6 +185,7 @@ class Engine:
                 raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad}")
         else:
             ids = self.tokenizer.encode_prompt(prompt)
+        Tokenizer.check_prompt_ids(ids, self.tokenizer.special)
         limit = self.model.config.max_position_embeddings
         if len(ids) + params.gen_length > limit:
             raise ContextLengthError(len(ids), params.gen_length, limit)

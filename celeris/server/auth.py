@@ -5,6 +5,8 @@ its length leaks) and is never logged or exported. A server bound to a loopback 
 only reachable from this machine, but a web page could still reach it through a DNS name that
 resolves to 127.0.0.1 (DNS rebinding); the browser then sends that name as Host, so
 ``LoopbackHostCheck`` refuses every Host but the loopback names: 403 in OpenAI's error shape.
+A browser app behind a login (the playground) is guarded by ``LoginGate`` (only its login page
+answers without a session) and ``same_origin_only`` (no cross-origin access).
 """
 
 from __future__ import annotations
@@ -94,3 +96,34 @@ class LoopbackHostCheck:
                          "loopback address and answers only localhost, 127.0.0.1 or [::1]",
                          None, "host_not_allowed")
         await error.response()(scope, receive, send)
+
+
+class LoginGate:
+    """ASGI middleware for a browser app behind a login (the playground with a key set): a
+    request whose session is not ``logged_in(scope)`` gets 401, unless ``public(method,
+    path)`` says the login page itself needs it (its HTML, scripts, styles, fonts); a
+    websocket is closed before it is accepted."""
+
+    def __init__(self, app: Any, public: Callable[[str, str], bool],
+                 logged_in: Callable[[dict], bool]) -> None:
+        self.app, self.public, self.logged_in = app, public, logged_in
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket") or self.logged_in(scope) or (
+                kind == "http" and self.public(scope["method"], scope["path"])):
+            return await self.app(scope, receive, send)
+        if kind == "websocket":
+            return await send({"type": "websocket.close", "code": 1008})
+        error = APIError(401, "log in first: open the playground's page and enter the API key "
+                         "as the password", None, "login_required")
+        await error.response()(scope, receive, send)
+
+
+def same_origin_only(app: FastAPI) -> None:
+    """No cross-origin access to ``app``: a CORS policy that names no origin (a mounted
+    Gradio app then adds none of its own, which would allow any localhost origin with
+    credentials); the app's own pages need no CORS."""
+    from fastapi.middleware.cors import CORSMiddleware
+
+    app.add_middleware(CORSMiddleware, allow_origins=[], allow_credentials=False)

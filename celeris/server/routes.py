@@ -79,7 +79,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
     except ClientGone:
         state.metrics.disconnects.labels("sending").inc()
         return Response(status_code=ClientGone.STATUS)
-    aengine = state.require_engine()
+    aengine = state.admit()
     if req.model is not None and req.model != state.model_name:
         raise _unknown_model(req.model, state.model_name)
     prompt_param = "messages" if chat else "prompt"

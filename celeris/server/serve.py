@@ -23,11 +23,14 @@ import uvicorn
 from .. import Engine, EngineConfig, ModelLoadError
 from ..config import BIG_MODEL_FIELDS
 from .app import create_app
+from .slow_clients import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, timed_h11
 from .state import ServerState
 
 log = logging.getLogger("celeris.server")
 DRAIN_TIMEOUT_S = 30.0
 MAX_HEAD_BYTES = 20 * 1024   # a request head arriving in pieces (h11; whole ones: HeaderLimit)
+MAX_CONNECTIONS = 512        # open connections (or running requests) beyond which uvicorn says 503
+KEEP_ALIVE_S = 5             # an idle keep-alive connection is closed after this
 
 
 def main(args: argparse.Namespace) -> int:
@@ -127,12 +130,17 @@ def _drain_timeout(value: Any) -> float:
     return float(value)
 
 
-def uvicorn_config(app: Any, host: str, port: int, **options: Any) -> uvicorn.Config:
+def uvicorn_config(app: Any, host: str, port: int, *, head_timeout_s: float = HEAD_TIMEOUT_S,
+                   body_timeout_s: float = BODY_TIMEOUT_S, **options: Any) -> uvicorn.Config:
     """uvicorn settings shared by ``serve`` and app.py: h11 with a cap on a request head that
-    arrives in pieces, and an access log that never records query strings."""
-    config = uvicorn.Config(app, host=host, port=port, http="h11",
+    arrives in pieces, read timeouts for slow clients (``slow_clients``), a cap on open
+    connections, and an access log that never records query strings."""
+    config = uvicorn.Config(app, host=host, port=port,
+                            http=timed_h11(head_timeout_s, body_timeout_s),
                             h11_max_incomplete_event_size=MAX_HEAD_BYTES,
-                            **{"log_level": "info", "timeout_graceful_shutdown": 10, **options})
+                            **{"log_level": "info", "timeout_graceful_shutdown": 10,
+                               "limit_concurrency": MAX_CONNECTIONS,
+                               "timeout_keep_alive": KEEP_ALIVE_S, **options})
     logging.getLogger("uvicorn.access").addFilter(strip_query_strings)
     return config
 

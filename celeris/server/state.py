@@ -7,6 +7,8 @@ backoff; after WARMUP_ATTEMPTS failures ``on_fatal`` is called (``serve`` then e
 that a supervisor restarts it). While the engine is idle but not ready (failed steps, a failed
 warm-up), /ready runs a one-step probe generation and answers from its outcome, so a replica
 comes back by itself once the fault has passed (SGLang's health_generate does the same).
+While unhealthy, new generation requests get a fast 503 with Retry-After instead of a step
+that would fail them; each refusal starts such a probe in the background (one at a time).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ WARMUP_ATTEMPTS = 3   # warm-up generations tried before giving up (on_fatal)
 WARMUP_BACKOFF_S = 2.0   # wait before the second attempt; doubled before each later one
 PROBE_INTERVAL_S = 1.0   # /ready runs at most one probe generation per interval
 PROBE_TIMEOUT_S = 30.0
+UNHEALTHY_RETRY_AFTER_S = 2   # Retry-After of a request refused while unhealthy
 
 EngineSource = Engine | Callable[[], Engine]
 
@@ -48,6 +51,7 @@ class ServerState:
         self.metrics = ServerMetrics(self.stats)
         self._probe_lock = asyncio.Lock()
         self._probed_at = -PROBE_INTERVAL_S
+        self._probe_task: asyncio.Future | None = None
         self._context_length: int | None = None
         if isinstance(engine, Engine):
             self._attach(engine, warmup)
@@ -113,6 +117,19 @@ class ServerState:
         if not self.ready:
             raise unavailable("the model is warming up; retry shortly", "model_loading")
         return self.aengine
+
+    def admit(self) -> AsyncEngine:
+        """``require_engine()`` for a new generation, refused with 503 while the engine is
+        unhealthy (its recent steps failed); the refusal starts a probe in the background, so
+        the engine is admitted again once a probe step succeeds. Call from the event loop."""
+        aengine = self.require_engine()
+        if self.readiness()[0] == "unhealthy":
+            if self._probe_task is None or self._probe_task.done():
+                self._probe_task = asyncio.ensure_future(self.check_readiness())
+            raise unavailable("the engine is unhealthy: its recent denoising steps failed; "
+                              "retry shortly (/ready says when it has recovered)",
+                              "engine_unhealthy", UNHEALTHY_RETRY_AFTER_S)
+        return aengine
 
     def readiness(self) -> tuple[str, str]:
         if self.draining:
