@@ -140,3 +140,23 @@ def test_lineup_without_a_model_and_stop(tmp_path):
     out = make_race_stop(Slot())(stats(3, 3, 1.0, "done"), stats(state="loading"),
                                  stats(), None)
     assert [c["state"] for c in out[:3]] == ["done", "stopped", "stopped"]
+
+
+def test_both_ratios_follow_one_rule_whatever_the_answers_lengths():
+    """tokens/s is already per generated token: the diffusion-vs-AR ratio and the
+    full-canvas ratio are both given for answers of 152, 123 and 64 tokens, each with both
+    runs' tokens and time, and the one of quite different lengths says so."""
+    from ui.race import race_summary
+
+    results = {"main": stats(152, 40, 0.50, "done", "stop"),
+               "ar": stats(123, 123, 1.23, "done", "stop"),
+               "canvas": stats(64, 64, 0.80, "done", "length")}
+    summary = race_summary(results, {"main": "block diffusion", "canvas": "full canvas"})
+    ar_line, canvas_line = summary.split("\n\n")[1:]
+    assert ar_line.startswith("**block diffusion vs autoregressive**: 3.04x the tokens/s")
+    assert "152 tokens in 0.50 s vs 123 tokens in 1.23 s" in ar_line
+    assert "differ in length" not in ar_line
+    assert canvas_line.startswith("**block diffusion vs full canvas**: 3.80x the tokens/s")
+    assert "152 tokens in 0.50 s vs 64 tokens in 0.80 s" in canvas_line
+    assert "the answers differ in length, and tokens/s counts each run's own" in canvas_line
+    assert "no speed ratio" not in summary
