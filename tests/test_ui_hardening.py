@@ -206,19 +206,21 @@ def test_race_settle_leaves_a_finished_race_and_a_newer_run_alone():
     assert [c["state"] for c in other[:3]] == ["stopped"] * 3
 
 
-def test_gauges_settle_turns_only_a_stale_running_state_into_stopped():
-    from ui.playground import make_settle_gauges
+def test_the_settle_after_a_run_draws_its_last_recorded_frame_once():
+    from ui.context import EngineSlot
+    from ui.playground import make_settle
 
     request = type("R", (), {"session_hash": "s1"})()
-    settle = make_settle_gauges(ActiveSlot())
-    live = render.gauges(state="running")
-    out = settle(live, request)
-    assert out["state"] == "stopped" and {k: v for k, v in out.items() if k != "state"} == {
-        k: v for k, v in live.items() if k != "state"}
-    for state in ("done", "error", "stopped"):
-        assert settle(render.gauges(state=state), request) == gr.skip()
-    assert settle(None, request) == gr.skip()
-    assert make_settle_gauges(ActiveSlot("s1"))(live, request) == gr.skip()
+    slot = EngineSlot()
+    settle = make_settle(slot, "playground", 2)
+    assert settle(request) == [gr.skip()] * 2                 # nothing recorded
+    slot.keep_last("s1", "playground", lambda: ("canvas", "gauges"))
+    slot.keep_last("s1", "infill", lambda: ("other", "tab"))
+    assert settle(request) == ["canvas", "gauges"]
+    assert settle(request) == [gr.skip()] * 2                 # taken once
+    slot.keep_last("s1", "playground", lambda: ("canvas", "gauges"))
+    slot._active["s1"] = (None, "ui-newer")                   # the session runs again
+    assert settle(request) == [gr.skip()] * 2
 
 
 def test_the_steps_grid_update_keeps_a_value_that_fits_and_moves_one_that_does_not():

@@ -26,6 +26,7 @@ from .playground import wire_stop_gauges
 from .trajectory import Trajectory, lead_strings
 
 MARKER = "[MASK]"
+TAB = "infill"
 DEFAULT_SPAN = 1        # tokens per [MASK]: the shipped model's story words are one token each
 
 
@@ -107,11 +108,12 @@ def prompt_lead(engine: Any, text: str, params: Any, span: int, token_text: Any,
     return lead_strings(prompt_ids, token_text, decode)
 
 
-def infill_frame(traj: Trajectory, prefix: str, slot: Any,
-                 decode: Any = None) -> tuple[Any, ...]:
+def infill_frame(traj: Trajectory, prefix: str, slot: Any, decode: Any = None,
+                 ended: bool = False) -> tuple[Any, ...]:
     """Canvas, filled text (pinned runs decoded whole with ``decode``, default the slot's),
-    gauges (filled tokens only), note."""
-    state, note = "running", ""
+    gauges (filled tokens only), note. ``ended``: the run's event is over (a run without
+    its result was stopped)."""
+    state, note = ("stopped" if ended else "running"), ""
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
         note = NOTHING if state == "done" and not traj.filled_tokens() else ""
@@ -153,7 +155,9 @@ def _fill(slot: Any, text: str, span: float, decoding: str, request: gr.Request
                       lead=prompt_lead(engine, text, params, int(span), token_text, decode))
     start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
                                              marker=MARKER, request_id=rid)
-    for traj in follow(slot, session_of(request), engine, start, traj):
+    session = session_of(request)
+    slot.keep_last(session, TAB, lambda run=traj: infill_frame(run, prefix, slot, decode, True))
+    for traj in follow(slot, session, engine, start, traj):
         yield (*infill_frame(traj, prefix, slot, decode), note)
 
 
@@ -187,7 +191,7 @@ def create_ui(slot: EngineSlot) -> Follow:
                      [canvas, filled, gauge, note, used],
                      api_name="infill", concurrency_id="engine",
                      concurrency_limit=slot.concurrency, show_progress="hidden")
-    wire_stop_gauges(slot, stop, event, gauge)
+    wire_stop_gauges(slot, stop, event, gauge, [canvas, filled, gauge, note], TAB)
     bounds.warn_out_of_range(span, "tokens per [MASK]")
     # which model fills follows this browser tab's model (and the full-canvas one loading)
     def note_for(request: gr.Request) -> str:

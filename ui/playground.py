@@ -24,6 +24,7 @@ from .settings import DEFAULT_PRESET, build_params, preset_values, widget_values
 from .trajectory import Trajectory
 
 DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "celeris-ui"
+TAB = "playground"
 
 
 def prompt_input(prompt: str, as_chat: bool) -> str | list[dict[str, str]]:
@@ -59,6 +60,17 @@ def frame(traj: Trajectory, slot: Any, as_chat: bool = False) -> tuple[Any, ...]
             render.trajectory_gauges(traj, slot.info(), "running"), gr.skip(), gr.skip())
 
 
+def final_frame(traj: Trajectory, slot: Any, as_chat: bool = False) -> tuple[Any, ...]:
+    """Canvas, answer, gauges and summary of a run whose event has ended, all read from
+    ``traj``: its final frame once the result came; else (Stop cut the stream first) the
+    state it reached, "stopped"."""
+    if traj.finished:
+        return frame(traj, slot, as_chat)[:4]
+    return (render.canvas_cells(traj), traj.text_at(),
+            render.trajectory_gauges(traj, slot.info(0.0), "stopped"),
+            render.stopped_summary(traj))
+
+
 def make_generate(slot: EngineSlot):
     @slot.gpu
     def generate(prompt: str, as_chat: bool, steps: float, temperature: float,
@@ -85,7 +97,9 @@ def _run(slot: Any, prompt: str, as_chat: bool, settings: tuple[Any, ...],
     traj = Trajectory(0 if grows else params.gen_length, params.block_length, prompt=prompt,
                       params=params.to_dict())
     start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
-    for traj in follow(slot, session_of(request), engine, start, traj):
+    session = session_of(request)
+    slot.keep_last(session, TAB, lambda run=traj: final_frame(run, slot, bool(as_chat)))
+    for traj in follow(slot, session, engine, start, traj):
         yield frame(traj, slot, bool(as_chat))
 
 
@@ -111,37 +125,35 @@ def make_stop(slot: EngineSlot):
     return stop
 
 
-def make_stop_gauges(slot: EngineSlot):
-    """Stop for a tab with gauges: abort, and show "stopped" (the cancelled run sends no
-    final frame)."""
-    def stop(gauges: dict[str, str] | None, request: gr.Request) -> dict[str, str]:
-        aborted = slot.abort(session_of(request))
-        out = dict(gauges or render.gauges())
-        if aborted or out.get("state") == "running":
-            out["state"] = "stopped"
-        return out
-    return stop
+# Stop's instant feedback, in the browser: "running" becomes "stopped" and every figure stays
+# as shown. A server answer could land after the run's last frame and bring older figures back.
+STOP_JS = "(g) => (g && g.state === 'running') ? {...g, state: 'stopped'} : g"
 
 
-def make_settle_gauges(slot: EngineSlot):
-    """After a run's event ended, however it ended: gauges still saying "running" say
-    "stopped". Stop cancels the event, but frames the server had already sent can land after
-    Stop's own "stopped" and bring "running" back; this runs after the cancel completed. A
-    newer run of the same session is left alone."""
-    def settle(gauges: dict[str, str] | None, request: gr.Request) -> Any:
-        if slot.running(session_of(request)) or not gauges or gauges.get("state") != "running":
-            return gr.skip()
-        return {**gauges, "state": "stopped"}
+def make_settle(slot: EngineSlot, tab: str, outputs: int):
+    """After a run's event ended, however it ended: the run's last frame (canvas, gauges,
+    summary, ...) as the server recorded it (``EngineSlot.keep_last``), so that they all read
+    one final state. Stop cancels the event: the run's own final frame may never reach the
+    page, and frames sent before the cancel can land after Stop. A newer run of the same
+    session is left alone."""
+    def settle(request: gr.Request) -> list[Any]:
+        session = session_of(request)
+        draw = None if slot.running(session) else slot.last_frame(session, tab)
+        return list(draw()) if draw is not None else [gr.skip()] * outputs
     return settle
 
 
-def wire_stop_gauges(slot: EngineSlot, stop: gr.Button, event: Any, gauges: Any) -> None:
-    """Stop for a tab with gauges: cancel ``event`` and abort its request, then, once the
-    event has ended, settle a stale "running"."""
-    stop.click(make_stop_gauges(slot), gauges, gauges, cancels=[event], queue=False,
+def wire_stop_gauges(slot: EngineSlot, stop: gr.Button, event: Any, gauges: Any,
+                     outputs: list[Any], tab: str) -> None:
+    """Stop for a tab with gauges: cancel ``event`` and abort its request, say "stopped" at
+    once; once the event has ended, draw ``outputs`` (gauges among them) from the run's
+    last recorded state."""
+    stop.click(make_stop(slot), None, None, cancels=[event], queue=False,
                api_visibility="private")
-    event.then(make_settle_gauges(slot), gauges, gauges, queue=False, api_visibility="private",
+    stop.click(None, gauges, gauges, js=STOP_JS, queue=False, api_visibility="private",
                show_progress="hidden")
+    event.then(make_settle(slot, tab, len(outputs)), None, outputs, queue=False,
+               api_visibility="private", show_progress="hidden")
 
 
 def write_trajectory(traj: Trajectory) -> str:
@@ -299,7 +311,8 @@ def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: l
         api_name="generate", concurrency_id="engine", concurrency_limit=slot.concurrency,
         show_progress="hidden")
     event.then(after_run, traj_state, charts, api_visibility="private", show_progress="hidden")
-    wire_stop_gauges(slot, parts["stop"], event, parts["gauges"])
+    wire_stop_gauges(slot, parts["stop"], event, parts["gauges"],
+                     [parts[k] for k in ("canvas", "answer", "gauges", "summary")], TAB)
     preset.input(make_preset(slot), [preset, controls[2]], controls[:-1],
                  api_visibility="private", queue=False)
     replay["scrub"].change(replay_at, [traj_state, replay["scrub"]],

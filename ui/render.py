@@ -235,6 +235,16 @@ def run_summary(traj: Trajectory) -> str:
             f"tokens/forward · {r['tokens_per_s']:.1f} tokens/s · seed {r['seed']}")
 
 
+def stopped_summary(traj: Trajectory) -> str:
+    """The line under a run stopped before its result came: the figures its gauges show
+    (text tokens committed so far, the NFE and time of the last step recorded)."""
+    last = traj.steps[-1] if traj.steps else None
+    tokens, nfe = traj.filled_tokens(), (last.nfe if last else 0)
+    shown = gauges(tokens, nfe, last.elapsed if last else 0.0)
+    return (f"**stopped** · {tokens} tokens in {traj.num_steps} steps · NFE {nfe} · "
+            f"{shown['tpf']} tokens/forward · {shown['tps']} tokens/s")
+
+
 def empty_answer_hint(as_chat: bool) -> str:
     """Why a finished run wrote nothing, and what to try (never a silent empty answer)."""
     why = ("**Nothing was generated**: the model ended its answer at once (end of text was "
