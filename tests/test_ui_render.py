@@ -476,6 +476,26 @@ def test_paced_spaces_frames_by_their_size_and_passes_a_final_item(monkeypatch):
     assert [i["tokens"] for i in out] == [0, 2, 4, 6, 8, 9]
 
 
+def test_preset_captions_say_what_each_preset_is_on_the_model():
+    from ui.settings import preset_caption
+
+    block = GenerationParams(gen_length=256, block_length=4, decoding="ltr", threshold=0.85,
+                             cache="prefix")
+    caption = preset_caption(4, block)
+    assert caption.startswith("default: the model's own settings (ltr decoding at 0.85, "
+                              "prefix cache, block 4)")
+    assert "fast: the same as default on this model" in caption
+    assert "balanced: ltr decoding at 0.999, prefix cache, block 4" in caption
+    assert "threshold + prefix cache" not in caption
+    full = GenerationParams(gen_length=64, block_length=32, steps=64, decoding="threshold",
+                            threshold=0.9, cache="none")
+    caption = preset_caption(None, full)
+    assert "fast: threshold decoding at 0.9, prefix cache, block 32" in caption
+    assert "story: fixed schedule, one token per step, no cache, block 1 (left to right)" \
+        in caption
+    assert "the same as default" not in caption
+
+
 def test_a_stopped_run_without_its_result_reads_the_same_figures_everywhere():
     from ui.playground import final_frame
 

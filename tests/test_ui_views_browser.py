@@ -1,7 +1,8 @@
 """What the playground shows, in a real browser (Playwright + Debian Chromium) on the shipped
 models (block diffusion by default, the full-canvas one and the AR twin next to it): the
 Infill step view shows the whole text; after Stop the gauges and the summary read the same
-final figures. Screenshots go to artifacts/ (git-ignored)."""
+final figures; the preset captions say what each preset is on the loaded model; the race
+gives both ratios by one rule. Screenshots go to artifacts/ (git-ignored)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def gauge(page, key: str) -> str:
     return page.locator(f"#pg-gauges [data-g={key}] b").inner_text()
 
 
-def test_after_stop_the_gauges_and_the_summary_read_the_same_final_figures(shipped, page):  # noqa: F811
+def test_after_stop_gauges_and_summary_read_the_same_figures(shipped, page):  # noqa: F811
     from playwright.sync_api import expect
 
     tab(page, "Playground")
@@ -97,3 +98,27 @@ def test_after_stop_the_gauges_and_the_summary_read_the_same_final_figures(shipp
     assert f"{gauge(page, 'tpf')} tokens/forward" in text
     expect(state(page)).to_have_text("stopped")
     page.screenshot(path=str(ARTIFACTS / "stop-figures.png"), full_page=True)
+
+
+def test_preset_captions_say_what_presets_are_here(shipped, browser):  # noqa: F811
+    from playwright.sync_api import expect
+
+    own = generation_config("celeris-tiny-bd")
+    page = visit(browser, shipped[0])
+    preset = page.locator("#pg-preset")
+    expect(preset).to_contain_text("fast: the same as default on this model")
+    expect(preset).not_to_contain_text("threshold + prefix cache")
+    expect(preset).to_contain_text(f"{own['decoding']} decoding at {own['threshold']:g}")
+    page.locator("#pg-preset input[value=fast]").check()
+    expect(page.locator("#pg-decoding input")).to_have_value(own["decoding"])
+    expect(page.locator("#pg-threshold input[type=number]")).to_have_value(
+        f"{own['threshold']:g}")
+    # another model, another caption: on the full-canvas model fast adds the prefix cache
+    tab(page, "Model")
+    set_choice(page, "model-choice", "celeris-tiny")
+    expect(page.locator("#model-status")).to_contain_text("This tab now runs celeris-tiny")
+    tab(page, "Playground")
+    expect(preset).to_contain_text("fast: threshold decoding at 0.9, prefix cache")
+    expect(preset).not_to_contain_text("the same as default")
+    page.screenshot(path=str(ARTIFACTS / "preset-captions.png"))
+    page.context.close()

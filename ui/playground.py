@@ -20,7 +20,8 @@ from . import bounds, charts, limits, render, widgets
 from .context import (EngineSlot, Follow, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
-from .settings import DEFAULT_PRESET, build_params, preset_values, widget_values
+from .settings import (DEFAULT_PRESET, build_params, preset_caption, preset_values,
+                       widget_values)
 from .trajectory import Trajectory
 
 DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "celeris-ui"
@@ -247,6 +248,13 @@ def _prompt_column() -> dict[str, Any]:
     return parts
 
 
+def caption(view: Any) -> str:
+    """What each preset is on ``view``'s model (the slot's default, or a session's)."""
+    engine = view.engine
+    return preset_caption(view.block_size(),
+                          engine.default_params() if engine is not None else None)
+
+
 def controls_for(view: Any, prompt: Any, as_chat: Any) -> list[Any]:
     """The preset radio and the controls (FIELDS order, seed kept) showing the defaults of
     ``view``'s model, with its ranges: after a browser tab picked another model."""
@@ -256,7 +264,7 @@ def controls_for(view: Any, prompt: Any, as_chat: Any) -> list[Any]:
     v = widget_values(defaults)
     gen_length = min(v["gen_length"], gen.hi)
     block = limits.fit_block(v["block_length"], gen_length, size)
-    return [DEFAULT_PRESET,
+    return [gr.Radio(value=DEFAULT_PRESET, info=caption(view)),
             gr.Slider(minimum=0, maximum=gen_length, step=limits.steps_stride(gen_length, block),
                       value=limits.fit_steps(v["steps"], gen_length, block)),
             v["temperature"],
@@ -274,7 +282,7 @@ def create_ui(slot: EngineSlot) -> Follow:
             with gr.Column(scale=3, elem_id="pg-main"):
                 parts = _prompt_column()
             with gr.Column(scale=2, elem_id="pg-settings"):
-                preset = widgets.preset_radio("pg-preset")
+                preset = widgets.preset_radio("pg-preset", caption(slot))
                 controls = widgets.generation_controls(defaults, "pg",
                                                        bounds.gen_bounds(slot, None),
                                                        slot.block_size())
