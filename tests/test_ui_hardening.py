@@ -223,6 +223,26 @@ def test_the_settle_after_a_run_draws_its_last_recorded_frame_once():
     assert settle(request) == [gr.skip()] * 2
 
 
+def test_a_run_that_fails_keeps_its_error_frame_as_the_last_word():
+    from ui.context import EngineSlot
+    from ui.playground import make_settle
+
+    request = type("R", (), {"session_hash": "s1"})()
+    slot = EngineSlot()
+
+    def failing():
+        yield "frame"
+        raise gr.Error("a step failed")
+
+    with pytest.raises(gr.Error):
+        list(slot.recorded("s1", "playground", lambda: ("canvas", "gauges"), failing()))
+    assert make_settle(slot, "playground", 2)(request) == [gr.skip()] * 2
+    stopped = slot.recorded("s1", "playground", lambda: ("canvas", "stopped"), failing())
+    assert next(stopped) == "frame"
+    stopped.close()                                           # Stop: the event is cancelled
+    assert make_settle(slot, "playground", 2)(request) == ["canvas", "stopped"]
+
+
 def test_the_steps_grid_update_keeps_a_value_that_fits_and_moves_one_that_does_not():
     # the update is computed from the steps value of before; it lands after the user may have
     # typed another one, so a value already on the new grid is not sent (not overwritten)

@@ -346,6 +346,17 @@ class EngineSlot:
             while len(self._last) > LAST_FRAMES:
                 self._last.popitem(last=False)
 
+    def recorded(self, session: str, tab: str, draw: Callable[[], Any],
+                 frames: Iterator[Any]) -> Iterator[Any]:
+        """Pass a run's ``frames`` on with ``draw`` kept as its last frame (``keep_last``);
+        a run that fails leaves its error frame as the last word (the record is dropped)."""
+        self.keep_last(session, tab, draw)
+        try:
+            yield from frames
+        except Exception:
+            self.last_frame(session, tab)
+            raise
+
     def last_frame(self, session: str, tab: str) -> Callable[[], Any] | None:
         """The frame ``keep_last`` kept for the session's run in ``tab`` (taken: once)."""
         with self._lock:

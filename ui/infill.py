@@ -156,8 +156,8 @@ def _fill(slot: Any, text: str, span: float, decoding: str, request: gr.Request
     start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
                                              marker=MARKER, request_id=rid)
     session = session_of(request)
-    slot.keep_last(session, TAB, lambda run=traj: infill_frame(run, prefix, slot, decode, True))
-    for traj in follow(slot, session, engine, start, traj):
+    draw = lambda run=traj: infill_frame(run, prefix, slot, decode, True)  # noqa: E731
+    for traj in slot.recorded(session, TAB, draw, follow(slot, session, engine, start, traj)):
         yield (*infill_frame(traj, prefix, slot, decode), note)
 
 

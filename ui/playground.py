@@ -99,8 +99,8 @@ def _run(slot: Any, prompt: str, as_chat: bool, settings: tuple[Any, ...],
                       params=params.to_dict())
     start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
     session = session_of(request)
-    slot.keep_last(session, TAB, lambda run=traj: final_frame(run, slot, bool(as_chat)))
-    for traj in follow(slot, session, engine, start, traj):
+    draw = lambda run=traj: final_frame(run, slot, bool(as_chat))  # noqa: E731
+    for traj in slot.recorded(session, TAB, draw, follow(slot, session, engine, start, traj)):
         yield frame(traj, slot, bool(as_chat))
 
 
