@@ -200,7 +200,7 @@ def build_app(engine: Any, api_key: str | None = None, *, host: str = "127.0.0.1
                          frame_interval=frame_interval)
     api.state.ui_slot = slot
     demo = ui.build_blocks(slot)
-    demo.queue(max_size=64, default_concurrency_limit=concurrency)
+    ui.quiet_queue(demo, max_size=64, default_concurrency_limit=concurrency)   # idle: no CPU
     login = dict(auth=password_check(api_key), auth_message=LOGIN_MESSAGE) if api_key else {}
     app = gr.mount_gradio_app(api, demo, path="/", theme=ui.theme(), css=ui.css(),
                               head=ui.HEAD, ssr_mode=False, show_error=True, **login)

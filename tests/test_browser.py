@@ -448,8 +448,9 @@ def test_infill_keeps_non_ascii_text_and_counts_filled_tokens_only(page):
     pinned = page.locator("#infill-canvas .tk.pin")
     expect(page.locator("#infill-canvas")).to_contain_text("naïve 日本")   # this run's canvas
     expect(state(page, "#infill-gauges")).to_have_text("done")
-    # the pinned cells spell the text whole (byte-level tokens of ï, 日, 本 and 🦊 included)
-    assert "".join(pinned.all_inner_texts()).startswith(" naïve 日本 🦊 end.")
+    # the pinned cells spell the text whole (byte-level tokens of ï, 日, 本 and 🦊 included),
+    # the prompt before the [MASK] first
+    assert "".join(pinned.all_inner_texts()).startswith("Story: naïve 日本 🦊 end.")
     filled = page.locator("#infill-result textarea").input_value()
     assert filled.startswith("Story:") and filled.endswith(" naïve 日本 🦊 end.")
     nfe = int(page.locator("#infill-gauges [data-g=nfe] b").inner_text())

@@ -74,7 +74,8 @@ def test_readme_has_the_clone_and_launch_commands_and_no_diary():
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/BENCHMARKS.md", "docs/FINDINGS.md",
-                                 "docs/ARCHITECTURE.md", "docs/DESIGN.md"])
+                                 "docs/ARCHITECTURE.md", "docs/DESIGN.md",
+                                 "docs/ADDING_A_FAMILY.md", "CONTRIBUTING.md"])
 def test_relative_links_and_anchors_resolve(doc):
     path = ROOT / doc
     for target, anchor in _links(path):

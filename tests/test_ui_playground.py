@@ -66,20 +66,41 @@ def test_a_refused_run_shows_status_error_then_raises():
     assert render.error_gauges()["state"] == "error"
 
 
-def test_gauges_settle_turns_only_a_stale_running_state_into_stopped():
-    from ui.playground import make_settle_gauges
+def test_the_settle_after_a_run_draws_its_last_recorded_frame_once():
+    from ui.context import EngineSlot
+    from ui.playground import make_settle
 
     request = type("R", (), {"session_hash": "s1"})()
-    settle = make_settle_gauges(ActiveSlot())
-    live = render.gauges(state="running")
-    out = settle(live, request)
-    assert out["state"] == "stopped" and {k: v for k, v in out.items() if k != "state"} == {
-        k: v for k, v in live.items() if k != "state"}
-    for state in ("done", "error", "stopped"):
-        assert settle(render.gauges(state=state), request) == gr.skip()
-    assert settle(None, request) == gr.skip()
-    assert make_settle_gauges(ActiveSlot("s1"))(live, request) == gr.skip()
+    slot = EngineSlot()
+    settle = make_settle(slot, "playground", 2)
+    assert settle(request) == [gr.skip()] * 2                 # nothing recorded
+    slot.keep_last("s1", "playground", lambda: ("canvas", "gauges"))
+    slot.keep_last("s1", "infill", lambda: ("other", "tab"))
+    assert settle(request) == ["canvas", "gauges"]
+    assert settle(request) == [gr.skip()] * 2                 # taken once
+    slot.keep_last("s1", "playground", lambda: ("canvas", "gauges"))
+    slot._active["s1"] = (None, "ui-newer")                   # the session runs again
+    assert settle(request) == [gr.skip()] * 2
 
+
+def test_a_run_that_fails_keeps_its_error_frame_as_the_last_word():
+    from ui.context import EngineSlot
+    from ui.playground import make_settle
+
+    request = type("R", (), {"session_hash": "s1"})()
+    slot = EngineSlot()
+
+    def failing():
+        yield "frame"
+        raise gr.Error("a step failed")
+
+    with pytest.raises(gr.Error):
+        list(slot.recorded("s1", "playground", lambda: ("canvas", "gauges"), failing()))
+    assert make_settle(slot, "playground", 2)(request) == [gr.skip()] * 2
+    stopped = slot.recorded("s1", "playground", lambda: ("canvas", "stopped"), failing())
+    assert next(stopped) == "frame"
+    stopped.close()                                           # Stop: the event is cancelled
+    assert make_settle(slot, "playground", 2)(request) == ["canvas", "stopped"]
 
 def test_the_tokens_gauge_keeps_its_label_and_counts_text_tokens_only_while_running():
     """The tile once read "positions/s" live and "tokens/s" when done. Live it counts the text

@@ -146,7 +146,7 @@ def test_lineup_without_a_model_and_stop(tmp_path):
 
 
 # ---------------------------------------------------------------------- ratios, Stop and settling
-def test_race_ratios_need_comparable_runs_and_show_tokens_and_time():
+def test_race_ratios_need_answers_long_enough_to_time_and_show_tokens_and_time():
     long_a = stats(160, 40, 0.5, "done", "stop")
     long_b = stats(150, 150, 1.5, "done", "stop")
     line = compare(long_a, long_b, ("block diffusion", "autoregressive"))
@@ -154,14 +154,11 @@ def test_race_ratios_need_comparable_runs_and_show_tokens_and_time():
     assert "160 tokens in 0.50 s vs 150 tokens in 1.50 s" in line
     short = stats(2, 1, 0.01, "done", "stop")
     assert "too short to time" in not_comparable(short, stats(2, 2, 0.02, "done", "stop"))
-    broken = stats(21, 21, 0.05, "done", "stop")         # the old full-canvas column
-    assert "differ in length" in not_comparable(long_a, broken)
-    cut = stats(150, 40, 0.5, "done", "length")
-    assert "length cap" in not_comparable(cut, long_b)
+    broken = stats(12, 12, 0.05, "done", "stop")         # an answer cut short
     summary = race_summary({"main": long_a, "canvas": broken, "ar": long_b},
                            {"main": "block diffusion", "canvas": "full canvas"})
-    assert "**block diffusion vs full canvas**: no speed ratio: the answers differ" in summary
-    assert "21 tokens in 0.05 s" in summary and "3.20x" in summary
+    assert "**block diffusion vs full canvas**: no speed ratio: an answer of 12 tokens" in summary
+    assert "12 tokens in 0.05 s" in summary and "3.20x" in summary
 
 
 def test_race_stop_marks_unfinished_columns_stopped():
@@ -204,3 +201,23 @@ def test_race_settle_leaves_a_finished_race_and_a_newer_run_alone():
     assert make_race_settle(ActiveSlot("s1"))(*running, request) == [gr.skip()] * 4
     other = make_race_settle(ActiveSlot("s2"))(*running, request)   # another tab's run
     assert [c["state"] for c in other[:3]] == ["stopped"] * 3
+
+
+def test_both_ratios_follow_one_rule_whatever_the_answers_lengths():
+    """tokens/s is already per generated token: the diffusion-vs-AR ratio and the
+    full-canvas ratio are both given for answers of 152, 123 and 64 tokens, each with both
+    runs' tokens and time, and the one of quite different lengths says so."""
+    from ui.race import race_summary
+
+    results = {"main": stats(152, 40, 0.50, "done", "stop"),
+               "ar": stats(123, 123, 1.23, "done", "stop"),
+               "canvas": stats(64, 64, 0.80, "done", "length")}
+    summary = race_summary(results, {"main": "block diffusion", "canvas": "full canvas"})
+    ar_line, canvas_line = summary.split("\n\n")[1:]
+    assert ar_line.startswith("**block diffusion vs autoregressive**: 3.04x the tokens/s")
+    assert "152 tokens in 0.50 s vs 123 tokens in 1.23 s" in ar_line
+    assert "differ in length" not in ar_line
+    assert canvas_line.startswith("**block diffusion vs full canvas**: 3.80x the tokens/s")
+    assert "152 tokens in 0.50 s vs 64 tokens in 0.80 s" in canvas_line
+    assert "the answers differ in length, and tokens/s counts each run's own" in canvas_line
+    assert "no speed ratio" not in summary

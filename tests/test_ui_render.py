@@ -474,3 +474,40 @@ def test_paced_spaces_frames_by_their_size_and_passes_a_final_item(monkeypatch):
     out = list(paced(iter(items), 1.0, final=lambda i: i["done"],
                      cells=lambda i: 2 * FRAME_CELLS))
     assert [i["tokens"] for i in out] == [0, 2, 4, 6, 8, 9]
+
+
+def test_preset_captions_say_what_each_preset_is_on_the_model():
+    from ui.settings import preset_caption
+
+    block = GenerationParams(gen_length=256, block_length=4, decoding="ltr", threshold=0.85,
+                             cache="prefix")
+    caption = preset_caption(4, block)
+    assert caption.startswith("default: the model's own settings (ltr decoding at 0.85, "
+                              "prefix cache, block 4)")
+    assert "fast: the same as default on this model" in caption
+    assert "balanced: ltr decoding at 0.999, prefix cache, block 4" in caption
+    assert "threshold + prefix cache" not in caption
+    full = GenerationParams(gen_length=64, block_length=32, steps=64, decoding="threshold",
+                            threshold=0.9, cache="none")
+    caption = preset_caption(None, full)
+    assert "fast: threshold decoding at 0.9, prefix cache, block 32" in caption
+    assert "story: fixed schedule, one token per step, no cache, block 1 (left to right)" \
+        in caption
+    assert "the same as default" not in caption
+
+
+def test_a_stopped_run_without_its_result_reads_the_same_figures_everywhere():
+    from ui.playground import final_frame
+
+    traj = Trajectory(4, 2)
+    traj.add(event(1, [1, M, M, M], [0], [0.9]), token_text)
+    traj.add(event(2, [1, 2, M, M], [1], [0.8], nfe=3), token_text)
+    view = SimpleNamespace(info=lambda *_: None)
+    cells, answer, gauges, summary = final_frame(traj, view)
+    assert gauges["state"] == "stopped" and gauges["nfe"] == "3"
+    assert summary == (f"**stopped** · 2 tokens in 2 steps · NFE 3 · {gauges['tpf']} "
+                       f"tokens/forward · {gauges['tps']} tokens/s")
+    assert [render.parse_cell(c)["k"] for c in cells] == ["old", "new", "mask", "mask"]
+    traj.finish(result(tokens=2, nfe=4))
+    cells, answer, gauges, summary = final_frame(traj, view)
+    assert gauges["nfe"] == "4" and "NFE 4" in summary and gauges["state"] == "done"

@@ -4,5 +4,6 @@ its public API (``stream``, ``stream_infill``, ``abort``, ``info``, ``default_pa
 
 from .blocks import HEAD, build_blocks, css, theme
 from .context import EngineSlot
+from .idle import quiet_queue
 
-__all__ = ["EngineSlot", "build_blocks", "css", "theme", "HEAD"]
+__all__ = ["EngineSlot", "build_blocks", "css", "theme", "HEAD", "quiet_queue"]

@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from .trajectory import Trajectory
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_AR_PATH = REPO_ROOT / "models" / "celeris-tiny-ar"
 DEFAULT_CANVAS_PATH = REPO_ROOT / "models" / "celeris-tiny"   # the full-attention model
+LAST_FRAMES = 256   # sessions whose last run's final frame is kept for their Stop to show
 NO_MODEL = ("No model is loaded. Open the Model tab and pick one of the models offered "
             "(the app's --models option lists them)")
 
@@ -188,6 +190,7 @@ class EngineSlot:
         self.api_key_required = api_key_required
         self.gpu = gpu or (lambda fn: fn)
         self._active: dict[str, tuple[Any, str]] = {}
+        self._last: OrderedDict[tuple[str, str], Callable[[], Any]] = OrderedDict()
         self._views: dict[str, ModelView] = {}     # engine_key(dir) -> its view
         self._choice: dict[str, str] = {}          # session -> engine_key
         self._ar: Any = None
@@ -332,6 +335,32 @@ class EngineSlot:
         with self._lock:
             if self._active.get(session, (None, None))[1] == rid:
                 del self._active[session]
+
+    def keep_last(self, session: str, tab: str, frame: Callable[[], Any]) -> None:
+        """Remember how to draw the last state of this session's run in ``tab``: once the
+        run's event has ended (finished, or cut short by Stop), ``last_frame`` hands it to the
+        tab, which draws gauges, summary and canvas from that one record."""
+        with self._lock:
+            self._last[(session, tab)] = frame
+            self._last.move_to_end((session, tab))
+            while len(self._last) > LAST_FRAMES:
+                self._last.popitem(last=False)
+
+    def recorded(self, session: str, tab: str, draw: Callable[[], Any],
+                 frames: Iterator[Any]) -> Iterator[Any]:
+        """Pass a run's ``frames`` on with ``draw`` kept as its last frame (``keep_last``);
+        a run that fails leaves its error frame as the last word (the record is dropped)."""
+        self.keep_last(session, tab, draw)
+        try:
+            yield from frames
+        except Exception:
+            self.last_frame(session, tab)
+            raise
+
+    def last_frame(self, session: str, tab: str) -> Callable[[], Any] | None:
+        """The frame ``keep_last`` kept for the session's run in ``tab`` (taken: once)."""
+        with self._lock:
+            return self._last.pop((session, tab), None)
 
     def running(self, session: str) -> bool:
         """Whether this browser session has a request in the engine right now."""

@@ -1,7 +1,9 @@
 """Infill tab: text with [MASK] spans anywhere; the model fills them, every other word pinned.
 
 Runs through ``engine.stream_infill``: each [MASK] becomes ``span`` masked positions and the
-rest of the text stays fixed on the canvas (drawn as pinned cells). Only a full-attention
+rest of the text stays fixed on the canvas (drawn as pinned cells). The text before the first
+span is the engine's prompt, not part of the canvas it reports: the step view draws it in
+front, pinned too, so that it shows the whole text (``Trajectory.lead``). Only a full-attention
 (full-canvas) model can do that: when the loaded model is block-causal (block diffusion, which
 writes left to right), the tab fills with the full-canvas model ``EngineSlot.canvas_model()``
 (models/celeris-tiny, loaded on first use) and says so above the text.
@@ -21,9 +23,10 @@ from .context import (EngineSlot, Follow, follow, session_of, user_error, user_e
                       with_error_frame)
 from .examples import examples
 from .playground import wire_stop_gauges
-from .trajectory import Trajectory
+from .trajectory import Trajectory, lead_strings
 
 MARKER = "[MASK]"
+TAB = "infill"
 DEFAULT_SPAN = 1        # tokens per [MASK]: the shipped model's story words are one token each
 
 
@@ -95,11 +98,22 @@ def infill_engine(slot: Any) -> Any:
     return canvas
 
 
-def infill_frame(traj: Trajectory, prefix: str, slot: Any,
-                 decode: Any = None) -> tuple[Any, ...]:
+def prompt_lead(engine: Any, text: str, params: Any, span: int, token_text: Any,
+                decode: Any) -> list[str]:
+    """The pinned text before the first span as the engine feeds it (its prompt, not part
+    of the canvas that ``stream_infill`` reports), one display string per token, so that
+    the step view shows the whole text."""
+    with user_errors():
+        prompt_ids = engine.infill_request(text, params, span, MARKER)[0]
+    return lead_strings(prompt_ids, token_text, decode)
+
+
+def infill_frame(traj: Trajectory, prefix: str, slot: Any, decode: Any = None,
+                 ended: bool = False) -> tuple[Any, ...]:
     """Canvas, filled text (pinned runs decoded whole with ``decode``, default the slot's),
-    gauges (filled tokens only), note."""
-    state, note = "running", ""
+    gauges (filled tokens only), note. ``ended``: the run's event is over (a run without
+    its result was stopped)."""
+    state, note = ("stopped" if ended else "running"), ""
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
         note = NOTHING if state == "done" and not traj.filled_tokens() else ""
@@ -136,11 +150,14 @@ def _fill(slot: Any, text: str, span: float, decoding: str, request: gr.Request
     with user_errors():
         params = engine.default_params().replace(decoding=decoding)
     prefix = split_infill(text, MARKER)[0]
-    traj = Trajectory(0, params.block_length, prompt=text, params=params.to_dict())
+    token_text, decode = slot.spellers(engine)
+    traj = Trajectory(0, params.block_length, prompt=text, params=params.to_dict(),
+                      lead=prompt_lead(engine, text, params, int(span), token_text, decode))
     start = lambda rid: engine.stream_infill(text, params, span=int(span),  # noqa: E731
                                              marker=MARKER, request_id=rid)
-    decode = slot.spellers(engine)[1]
-    for traj in follow(slot, session_of(request), engine, start, traj):
+    session = session_of(request)
+    draw = lambda run=traj: infill_frame(run, prefix, slot, decode, True)  # noqa: E731
+    for traj in slot.recorded(session, TAB, draw, follow(slot, session, engine, start, traj)):
         yield (*infill_frame(traj, prefix, slot, decode), note)
 
 
@@ -174,7 +191,7 @@ def create_ui(slot: EngineSlot) -> Follow:
                      [canvas, filled, gauge, note, used],
                      api_name="infill", concurrency_id="engine",
                      concurrency_limit=slot.concurrency, show_progress="hidden")
-    wire_stop_gauges(slot, stop, event, gauge)
+    wire_stop_gauges(slot, stop, event, gauge, [canvas, filled, gauge, note], TAB)
     bounds.warn_out_of_range(span, "tokens per [MASK]")
     # which model fills follows this browser tab's model (and the full-canvas one loading)
     def note_for(request: gr.Request) -> str:

@@ -20,10 +20,12 @@ from . import bounds, charts, limits, render, widgets
 from .context import (EngineSlot, Follow, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
-from .settings import DEFAULT_PRESET, build_params, preset_values, widget_values
+from .settings import (DEFAULT_PRESET, build_params, preset_caption, preset_values,
+                       widget_values)
 from .trajectory import Trajectory
 
 DOWNLOAD_DIR = Path(tempfile.gettempdir()) / "celeris-ui"
+TAB = "playground"
 
 
 def prompt_input(prompt: str, as_chat: bool) -> str | list[dict[str, str]]:
@@ -59,6 +61,17 @@ def frame(traj: Trajectory, slot: Any, as_chat: bool = False) -> tuple[Any, ...]
             render.trajectory_gauges(traj, slot.info(), "running"), gr.skip(), gr.skip())
 
 
+def final_frame(traj: Trajectory, slot: Any, as_chat: bool = False) -> tuple[Any, ...]:
+    """Canvas, answer, gauges and summary of a run whose event has ended, all read from
+    ``traj``: its final frame once the result came; else (Stop cut the stream first) the
+    state it reached, "stopped"."""
+    if traj.finished:
+        return frame(traj, slot, as_chat)[:4]
+    return (render.canvas_cells(traj), traj.text_at(),
+            render.trajectory_gauges(traj, slot.info(0.0), "stopped"),
+            render.stopped_summary(traj))
+
+
 def make_generate(slot: EngineSlot):
     @slot.gpu
     def generate(prompt: str, as_chat: bool, steps: float, temperature: float,
@@ -85,7 +98,9 @@ def _run(slot: Any, prompt: str, as_chat: bool, settings: tuple[Any, ...],
     traj = Trajectory(0 if grows else params.gen_length, params.block_length, prompt=prompt,
                       params=params.to_dict())
     start = lambda rid: engine.stream(message, params, request_id=rid)  # noqa: E731
-    for traj in follow(slot, session_of(request), engine, start, traj):
+    session = session_of(request)
+    draw = lambda run=traj: final_frame(run, slot, bool(as_chat))  # noqa: E731
+    for traj in slot.recorded(session, TAB, draw, follow(slot, session, engine, start, traj)):
         yield frame(traj, slot, bool(as_chat))
 
 
@@ -111,37 +126,35 @@ def make_stop(slot: EngineSlot):
     return stop
 
 
-def make_stop_gauges(slot: EngineSlot):
-    """Stop for a tab with gauges: abort, and show "stopped" (the cancelled run sends no
-    final frame)."""
-    def stop(gauges: dict[str, str] | None, request: gr.Request) -> dict[str, str]:
-        aborted = slot.abort(session_of(request))
-        out = dict(gauges or render.gauges())
-        if aborted or out.get("state") == "running":
-            out["state"] = "stopped"
-        return out
-    return stop
+# Stop's instant feedback, in the browser: "running" becomes "stopped" and every figure stays
+# as shown. A server answer could land after the run's last frame and bring older figures back.
+STOP_JS = "(g) => (g && g.state === 'running') ? {...g, state: 'stopped'} : g"
 
 
-def make_settle_gauges(slot: EngineSlot):
-    """After a run's event ended, however it ended: gauges still saying "running" say
-    "stopped". Stop cancels the event, but frames the server had already sent can land after
-    Stop's own "stopped" and bring "running" back; this runs after the cancel completed. A
-    newer run of the same session is left alone."""
-    def settle(gauges: dict[str, str] | None, request: gr.Request) -> Any:
-        if slot.running(session_of(request)) or not gauges or gauges.get("state") != "running":
-            return gr.skip()
-        return {**gauges, "state": "stopped"}
+def make_settle(slot: EngineSlot, tab: str, outputs: int):
+    """After a run's event ended, however it ended: the run's last frame (canvas, gauges,
+    summary, ...) as the server recorded it (``EngineSlot.keep_last``), so that they all read
+    one final state. Stop cancels the event: the run's own final frame may never reach the
+    page, and frames sent before the cancel can land after Stop. A newer run of the same
+    session is left alone."""
+    def settle(request: gr.Request) -> list[Any]:
+        session = session_of(request)
+        draw = None if slot.running(session) else slot.last_frame(session, tab)
+        return list(draw()) if draw is not None else [gr.skip()] * outputs
     return settle
 
 
-def wire_stop_gauges(slot: EngineSlot, stop: gr.Button, event: Any, gauges: Any) -> None:
-    """Stop for a tab with gauges: cancel ``event`` and abort its request, then, once the
-    event has ended, settle a stale "running"."""
-    stop.click(make_stop_gauges(slot), gauges, gauges, cancels=[event], queue=False,
+def wire_stop_gauges(slot: EngineSlot, stop: gr.Button, event: Any, gauges: Any,
+                     outputs: list[Any], tab: str) -> None:
+    """Stop for a tab with gauges: cancel ``event`` and abort its request, say "stopped" at
+    once; once the event has ended, draw ``outputs`` (gauges among them) from the run's
+    last recorded state."""
+    stop.click(make_stop(slot), None, None, cancels=[event], queue=False,
                api_visibility="private")
-    event.then(make_settle_gauges(slot), gauges, gauges, queue=False, api_visibility="private",
+    stop.click(None, gauges, gauges, js=STOP_JS, queue=False, api_visibility="private",
                show_progress="hidden")
+    event.then(make_settle(slot, tab, len(outputs)), None, outputs, queue=False,
+               api_visibility="private", show_progress="hidden")
 
 
 def write_trajectory(traj: Trajectory) -> str:
@@ -235,6 +248,13 @@ def _prompt_column() -> dict[str, Any]:
     return parts
 
 
+def caption(view: Any) -> str:
+    """What each preset is on ``view``'s model (the slot's default, or a session's)."""
+    engine = view.engine
+    return preset_caption(view.block_size(),
+                          engine.default_params() if engine is not None else None)
+
+
 def controls_for(view: Any, prompt: Any, as_chat: Any) -> list[Any]:
     """The preset radio and the controls (FIELDS order, seed kept) showing the defaults of
     ``view``'s model, with its ranges: after a browser tab picked another model."""
@@ -244,7 +264,7 @@ def controls_for(view: Any, prompt: Any, as_chat: Any) -> list[Any]:
     v = widget_values(defaults)
     gen_length = min(v["gen_length"], gen.hi)
     block = limits.fit_block(v["block_length"], gen_length, size)
-    return [DEFAULT_PRESET,
+    return [gr.Radio(value=DEFAULT_PRESET, info=caption(view)),
             gr.Slider(minimum=0, maximum=gen_length, step=limits.steps_stride(gen_length, block),
                       value=limits.fit_steps(v["steps"], gen_length, block)),
             v["temperature"],
@@ -262,7 +282,7 @@ def create_ui(slot: EngineSlot) -> Follow:
             with gr.Column(scale=3, elem_id="pg-main"):
                 parts = _prompt_column()
             with gr.Column(scale=2, elem_id="pg-settings"):
-                preset = widgets.preset_radio("pg-preset")
+                preset = widgets.preset_radio("pg-preset", caption(slot))
                 controls = widgets.generation_controls(defaults, "pg",
                                                        bounds.gen_bounds(slot, None),
                                                        slot.block_size())
@@ -299,7 +319,8 @@ def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: l
         api_name="generate", concurrency_id="engine", concurrency_limit=slot.concurrency,
         show_progress="hidden")
     event.then(after_run, traj_state, charts, api_visibility="private", show_progress="hidden")
-    wire_stop_gauges(slot, parts["stop"], event, parts["gauges"])
+    wire_stop_gauges(slot, parts["stop"], event, parts["gauges"],
+                     [parts[k] for k in ("canvas", "answer", "gauges", "summary")], TAB)
     preset.input(make_preset(slot), [preset, controls[2]], controls[:-1],
                  api_visibility="private", queue=False)
     replay["scrub"].change(replay_at, [traj_state, replay["scrub"]],

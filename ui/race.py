@@ -17,9 +17,11 @@ The column titles depend on the browser tab's model, so they are outputs: built 
 default model when the page is built, updated when the tab picks another and sent by every
 race (the last three outputs of ``api_name="race"``; the first seven are unchanged). The runs
 go one after another, so no run slows another down on a shared machine; each column animates
-while its run is live and its numbers are that run's own wall-clock figures. The summary gives
-a tokens/s ratio only where the runs are comparable (long enough answers of similar length,
-both finished or both cut), always with each run's tokens and time.
+while its run is live and its numbers are that run's own wall-clock figures. The summary's two
+ratios (main vs the twin, main vs the canvas column) follow one rule: tokens/s is already per
+generated token, so runs whose answers differ in length still compare, and each ratio is given
+with both runs' tokens and time (and says when the lengths differ); only an answer too short
+to time (under MIN_TIMED_TOKENS tokens) gets no ratio.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def notice_cells(text: str) -> list[str]:
 
 
 MIN_TIMED_TOKENS = 16   # below this an answer is over before tokens/s means anything
-MAX_LENGTH_RATIO = 1.5  # runs whose answers differ more than this did different work
+LENGTHS_DIFFER = 1.5    # answers further apart than this get the lengths named in the ratio
 
 
 def run_figures(r: dict[str, str]) -> str:
@@ -190,21 +192,27 @@ def run_figures(r: dict[str, str]) -> str:
 
 
 def not_comparable(a: dict[str, str], b: dict[str, str]) -> str | None:
-    """Why a tokens/s ratio of runs ``a`` and ``b`` would mislead (None: it would not)."""
-    ta, tb = int(a["tokens"]), int(b["tokens"])
-    if min(ta, tb) < MIN_TIMED_TOKENS:
-        return (f"an answer of {min(ta, tb)} tokens is too short to time (under "
+    """Why runs ``a`` and ``b`` get no tokens/s ratio (None: they get one). The one rule of
+    both ratios: tokens/s counts each run's own tokens, so any two answers long enough to
+    time compare, whatever their lengths."""
+    shortest = min(int(a["tokens"]), int(b["tokens"]))
+    if shortest < MIN_TIMED_TOKENS:
+        return (f"an answer of {shortest} tokens is too short to time (under "
                 f"{MIN_TIMED_TOKENS})")
-    if max(ta, tb) > MAX_LENGTH_RATIO * min(ta, tb):
-        return "the answers differ in length, so the runs did different work"
-    if "length" in (a.get("finish"), b.get("finish")) and a.get("finish") != b.get("finish"):
-        return "one run was cut at the length cap while the other finished its answer"
     return None
+
+
+def length_note(a: dict[str, str], b: dict[str, str]) -> str:
+    """Said beside a ratio of answers of quite different lengths (tokens/s is per token)."""
+    ta, tb = int(a["tokens"]), int(b["tokens"])
+    if max(ta, tb) <= LENGTHS_DIFFER * min(ta, tb):
+        return ""
+    return "; the answers differ in length, and tokens/s counts each run's own tokens"
 
 
 def compare(main: dict[str, str], other: dict[str, str], names: tuple[str, str]) -> str:
     """``main`` vs ``other``: the tokens/s ratio with both runs' tokens and time, or why
-    there is no meaningful ratio."""
+    there is none (the same rule for every pair: ``not_comparable``)."""
     head = f"**{names[0]} vs {names[1]}**: "
     figures = f"{run_figures(main)} vs {run_figures(other)}"
     why = not_comparable(main, other)
@@ -212,14 +220,14 @@ def compare(main: dict[str, str], other: dict[str, str], names: tuple[str, str])
         return head + f"no speed ratio: {why or 'no time measured'} ({figures})"
     speed = float(main["tps"]) / float(other["tps"])
     return (head + f"{speed:.2f}x the tokens/s ({figures}; NFE {main['nfe']} vs "
-            f"{other['nfe']})")
+            f"{other['nfe']}{length_note(main, other)})")
 
 
 def race_summary(results: dict[str, dict[str, str]],
                  labels: dict[str, str] | None = None) -> str:
     """The finished runs side by side: tokens/s of each with its tokens and time, then main
-    vs the autoregressive twin and main vs the canvas column (a ratio only where the runs
-    are comparable; otherwise why not)."""
+    vs the autoregressive twin and main vs the canvas column, both by one rule
+    (``not_comparable``: a ratio unless an answer is too short to time; otherwise why not)."""
     names = {"main": "main", "canvas": "canvas", "ar": "autoregressive", **(labels or {})}
     done = {k: results[k] for k in KEYS if k in results and results[k].get("state") == "done"}
     if not done:

@@ -104,14 +104,28 @@ def parse_cell(value: str) -> dict[str, str]:
     return dict(zip(CELL_FIELDS, value.split("\t", len(CELL_FIELDS) - 1)))
 
 
+LEAD_HOVER = "pinned: the text before the first [MASK] (the prompt)"
+
+
+def lead_cell(text: str) -> str:
+    """A pinned cell of the text in front of the canvas (``Trajectory.lead``): no block."""
+    k, label = (f"{PINNED} lead frag", "") if text == FRAGMENT else (f"{PINNED} lead",
+                                                                     token_label(text))
+    return "\t".join((k, "", "1.00", LEAD_HOVER, label))
+
+
 def canvas_cells(traj: Trajectory, step: int | None = None, live: bool = False
                  ) -> list[str]:
-    """The canvas after ``step`` (None = the latest). ``live`` highlights the active block."""
+    """The canvas after ``step`` (None = the latest), after the pinned text in front of it
+    (an infill's prompt). ``live`` highlights the active block. Pinned special tokens (an
+    infill's end-of-text padding) are left out: they are not part of the text."""
     record = traj.record_at(traj.num_steps if step is None else step)
     active = record.block if (live and record and not traj.finished) else None
-    return [cell(kind, text, conf, pos, traj.block_length, active, traj.block_of(pos),
-                 traj.starts_block(pos), was)
-            for pos, (kind, text, conf, was) in enumerate(traj.cells_at(step))]
+    return [lead_cell(text) for text in traj.lead] + [
+        cell(kind, text, conf, pos, traj.block_length, active, traj.block_of(pos),
+             traj.starts_block(pos), was)
+        for pos, (kind, text, conf, was) in enumerate(traj.cells_at(step))
+        if not (kind == PINNED and text == "")]
 
 
 def masked_cells(gen_length: int, block_length: int) -> list[str]:
@@ -219,6 +233,16 @@ def run_summary(traj: Trajectory) -> str:
     return (f"**{r['finish_reason']}** · {r['usage']['completion_tokens']} tokens in "
             f"{r['steps']} steps{edited} · NFE {r['nfe']} · {r['tokens_per_forward']:.2f} "
             f"tokens/forward · {r['tokens_per_s']:.1f} tokens/s · seed {r['seed']}")
+
+
+def stopped_summary(traj: Trajectory) -> str:
+    """The line under a run stopped before its result came: the figures its gauges show
+    (text tokens committed so far, the NFE and time of the last step recorded)."""
+    last = traj.steps[-1] if traj.steps else None
+    tokens, nfe = traj.filled_tokens(), (last.nfe if last else 0)
+    shown = gauges(tokens, nfe, last.elapsed if last else 0.0)
+    return (f"**stopped** · {tokens} tokens in {traj.num_steps} steps · NFE {nfe} · "
+            f"{shown['tpf']} tokens/forward · {shown['tps']} tokens/s")
 
 
 def empty_answer_hint(as_chat: bool) -> str:

@@ -105,6 +105,40 @@ def preset_values(name: str, gen_length: int, block_size: int | None = None,
     return [preset.get(f) for f in FIELDS if f != "seed"]
 
 
+SHOWN = tuple(f for f in FIELDS if f != "seed")   # the fields a preset sets, in order
+
+
+def describe(values: dict[str, Any]) -> str:
+    """Settings in a few words: how a step commits, the cache, the block length."""
+    rule, steps = values["decoding"], values.get("steps") or 0
+    if rule == "fixed":
+        how = f"fixed schedule, {f'{steps} steps' if steps else 'one token per step'}"
+    elif rule == "factor":
+        how = "factor rule"
+    else:
+        how = f"{rule} decoding at {float(values['threshold']):g}"
+    cache = "no cache" if values["cache"] == "none" else f"{values['cache']} cache"
+    block = values["block_length"]
+    return f"{how}, {cache}, {'block 1 (left to right)' if block == 1 else f'block {block}'}"
+
+
+def preset_caption(block_size: int | None = None,
+                   defaults: GenerationParams | None = None) -> str:
+    """What each preset is on the loaded model (its block size and its own settings,
+    ``defaults``), read from the values the preset sets: a preset that comes out as the
+    model's own settings says so instead of naming what it would be on another model."""
+    defaults = defaults if defaults is not None else GenerationParams()
+    gen = defaults.gen_length
+    own = dict(zip(SHOWN, preset_values(DEFAULT_PRESET, gen, block_size, defaults)))
+    parts = [f"{DEFAULT_PRESET}: the model's own settings ({describe(own)})"]
+    for name in PRESETS:
+        values = dict(zip(SHOWN, preset_values(name, gen, block_size, defaults)))
+        same = all(values[f] == own[f] for f in SHOWN if f != "gen_length")
+        parts.append(f"{name}: " + (f"the same as {DEFAULT_PRESET} on this model" if same
+                                    else describe(values)))
+    return " · ".join(parts)
+
+
 def _as_int(name: str, value: Any) -> Any:
     """Sliders hand back floats; whole numbers become ints, anything else is left for
     GenerationParams to reject with its own message."""

@@ -65,6 +65,9 @@ class Trajectory:
     # a block-causal run: where each model block starts (its canvas grows a block at a time;
     # the first block ends where the prompt's last block does). Empty: blocks of block_length
     block_starts: list[int] = field(default_factory=list)
+    # display strings of pinned text in front of the canvas: an infill's prompt (the text
+    # before its first span), drawn as pinned cells so that the view shows the whole text
+    lead: list[str] = field(default_factory=list)
 
     # ------------------------------------------------------------------ recording
     def add(self, ev: StepEvent, token_text: TokenText, decode: Decode | None = None) -> None:
@@ -238,6 +241,12 @@ class Trajectory:
         data["strings"] = {int(k): v for k, v in data.get("strings", {}).items()}
         data["steps"] = [StepRecord(**s) for s in data.get("steps", [])]
         return cls(**data)
+
+
+def lead_strings(ids: Sequence[int], token_text: TokenText, decode: Decode) -> list[str]:
+    """Display strings of prompt ids shown in front of a canvas (``Trajectory.lead``):
+    spelled whole (see spell_whole), special tokens (BOS, padding: "") left out."""
+    return [s for s in spell_whole(list(ids), decode, token_text) if s != ""] if ids else []
 
 
 def runs(positions: Sequence[int]) -> list[list[int]]:

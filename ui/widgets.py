@@ -13,7 +13,7 @@ from celeris.params import GenerationParams
 
 from . import limits, render
 from .settings import (CACHE_CHOICES, DECODING_CHOICES, DEFAULT_PRESET, PRESETS,
-                       REMASKING_CHOICES, widget_values)
+                       REMASKING_CHOICES, preset_caption, widget_values)
 
 # The canvas template is constant, so Gradio's own re-render is a no-op; CANVAS_JS paints the
 # cells and, on every update, touches only the cells whose class, opacity or label changed.
@@ -128,14 +128,11 @@ def gen_info(gen: limits.Bounds) -> str:
     return f"answer canvas length in tokens; at most {gen.hi}{why}"
 
 
-def preset_radio(elem_id: str) -> gr.Radio:
-    """The presets, the model's own settings selected (they are what the controls show)."""
+def preset_radio(elem_id: str, caption: str | None = None) -> gr.Radio:
+    """The presets, the model's own settings selected (they are what the controls show);
+    ``caption``: what each one is on the loaded model (settings.preset_caption)."""
     return gr.Radio([DEFAULT_PRESET, *PRESETS], value=DEFAULT_PRESET, label="preset",
-                    elem_id=elem_id,
-                    info="default: the model's own settings · fast: threshold + prefix cache "
-                         "(a block-diffusion model: its own threshold) · balanced: a stricter "
-                         "threshold · quality: reference sampler · story: reference, left to "
-                         "right (block 1)")
+                    elem_id=elem_id, info=caption or preset_caption())
 
 
 # what each decoding does, for the dropdown's help line (every choice is named there)
