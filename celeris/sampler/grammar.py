@@ -27,6 +27,7 @@ row, never built for the whole batch. xgrammar was chosen over llguidance for it
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -63,6 +64,7 @@ class Grammars:
             what = {"json": "JSON schema", "json_object": "JSON object grammar",
                     "regex": "regex", "choice": "choice list", "grammar": "grammar"}[kind]
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)   # the C++ source location
             raise ValueError(f"structured output: the {what} is not supported: "
                              f"{first[:300]}") from None
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from .errors import invalid
+from .structured import structured_of
 
 # Request fields that map 1:1 onto GenerationParams fields (every one but ``stop``, whose
 # request form may be a single string): the one body schema of the routes and batch jobs.
@@ -70,6 +71,13 @@ class _Knobs(_Strict):
     max_post_edit_steps: int | None = None
     confidence_dtype: str | None = None
     celeris_denoise_events: bool = False   # also stream canvas snapshots (SSE extension)
+    # structured output (server/structured.py): OpenAI's, and vLLM's extra-body spellings
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # accepted and ignored: they do not change the output
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -85,7 +93,8 @@ class _Knobs(_Strict):
         """The request_params fields of this request (None: not given)."""
         fields: dict[str, Any] = {k: getattr(self, k) for k in KNOBS}
         fields.update(max_tokens=self.max_tokens, stop=self.stop,
-                      max_completion_tokens=getattr(self, "max_completion_tokens", None))
+                      max_completion_tokens=getattr(self, "max_completion_tokens", None),
+                      structured=structured_of(self)[0])
         return fields
 
     def length_field(self) -> str | None:
@@ -139,7 +148,6 @@ class ChatCompletionRequest(_Knobs):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None
@@ -148,10 +156,6 @@ class ChatCompletionRequest(_Knobs):
         if not self.messages:
             raise invalid("messages must be a non-empty list of {role, content} objects",
                           "messages")
-        fmt = (self.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise invalid(f"response_format type {fmt!r} is not supported (only 'text')",
-                          "response_format", "unsupported_parameter")
         out = []
         for i, m in enumerate(self.messages):
             role = "system" if m.role == "developer" else m.role

@@ -21,6 +21,7 @@ from .protocol import ChatCompletionRequest, CompletionRequest
 from .shaping import Shapes
 from .state import ServerState
 from .streaming import EventStream, sse_events
+from .structured import structured_of
 
 T = TypeVar("T")
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
@@ -95,8 +96,10 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
                                        lambda: aengine.abort(request_id))
     except Exception as exc:
         await items.aclose()
-        raise _request_error(exc, prompt_param, req.length_field(), params.gen_length
-                             ) from None
+        error = _request_error(exc, prompt_param, req.length_field(), params.gen_length)
+        if error.param == "structured":             # the request's own name for it
+            error.param = structured_of(req)[1]
+        raise error from None
     if isinstance(first, Disconnected):   # the client went away before its first byte
         await items.aclose()
         state.metrics.disconnects.labels(first.stage).inc()
