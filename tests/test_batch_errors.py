@@ -13,22 +13,10 @@ import celeris
 from celeris import cli
 from celeris.server import create_app
 from tests.live_server import live_server
-from tests.tiny_model import make_tiny_model_dir
-
-CONTEXT = 256
+from tests.server_fixtures import CONTEXT, engine, metric, model_dir, wait_for  # noqa: F401
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("batch-errors"),
-                               max_position_embeddings=CONTEXT)
 
-
-@pytest.fixture
-def engine(model_dir):
-    engine = celeris.Engine.from_pretrained(model_dir, device="cpu")
-    yield engine
-    engine.stop()
 
 
 def test_in_process_batch_records_a_line_that_fails_alone_and_goes_on(

@@ -18,39 +18,13 @@ import pytest
 import celeris
 from celeris.server import create_app, state as server_state
 from tests.live_server import free_port, live_server
-from tests.tiny_model import make_tiny_model_dir
+from tests.server_fixtures import CONTEXT, engine, metric, model_dir, wait_for  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
-CONTEXT = 256
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_tiny_model_dir(tmp_path_factory.mktemp("readiness"),
-                               max_position_embeddings=CONTEXT)
 
 
-@pytest.fixture
-def engine(model_dir):
-    engine = celeris.Engine.from_pretrained(model_dir, device="cpu")
-    yield engine
-    engine.stop()
-
-
-def metric(url: str, line_start: str) -> float | None:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(line_start + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return None
-
-
-def wait_for(condition, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 class Fault:
