@@ -14,7 +14,7 @@ from celeris.bench.lengths import length_plan
 from tests.test_bench_fixture import one_thread, tiny_ar_dir, tiny_model_dir  # noqa: F401
 
 GEN, BLOCK = 16, 8
-SUITES = ("decode", "ar", "stories", "lengths", "serve", "invariance", "gpu")
+SUITES = ("decode", "ar", "stories", "lengths", "serve", "invariance", "structured", "gpu")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -195,6 +195,19 @@ def _llada2_parameters(d: dict) -> dict[str, int]:
             "routers": (L - dense) * (E * C + E),                           # weight, bias
             "shared_experts": (L - dense) * d["num_shared_experts"] * expert,
             "experts": (L - dense) * E * expert}
+
+
+def test_structured_suite_puts_constrained_beside_unconstrained_at_batch_1_and_16(bench_run):
+    sec = bench_run.suites["structured"]
+    rows = {(r["config"], r["batch"]): r for r in sec["rows"]}
+    assert set(rows) == {(c, b) for c in ("unconstrained", "constrained") for b in (1, 16)}
+    for batch in (1, 16):
+        plain, constrained = rows["unconstrained", batch], rows["constrained", batch]
+        assert plain["requests"] == constrained["requests"] == 16
+        assert constrained["ratio"] == pytest.approx(
+            constrained["tokens_per_s"] / plain["tokens_per_s"], abs=0.01)
+        assert constrained["valid_share"] in (None, 1.0)   # every finished answer conforms
+        assert 0 < constrained["stop_share"] <= 1           # a choice finishes within 16
 
 
 def test_the_moe_step_model_has_llada2_mini_published_size():
