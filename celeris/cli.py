@@ -508,7 +508,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None, help="serve: API key for --url")
     p.add_argument("--tiny", action="store_true", help="gpu: a tiny random config (CPU smoke)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bars (there are none when stderr is not a terminal)")
+                   help="no progress lines on stderr (by default a line every few seconds: "
+                        "suite, what it measures, item k of n, elapsed and time left)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; recorded in the report)")
     add_device_options(p)

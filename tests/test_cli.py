@@ -355,11 +355,13 @@ def test_eval_prints_a_table_of_task_n_accuracy_time_and_the_mean(tiny_model):
                                            abs=1e-3)
 
 
-def test_bench_draws_no_progress_bars_when_its_output_is_redirected(tiny_model):
-    done = _celeris("bench", "--suite", "invariance", "--model", tiny_model, "--n", "1",
-                    "--gen-length", "8", "--block-length", "8", "--device", "cpu",
-                    "--threads", "1")
+def test_bench_progress_is_plain_lines_when_its_output_is_redirected(tiny_model):
+    """A log file gets whole lines (no carriage-return redraws), and none with --no-progress."""
+    argv = ("bench", "--suite", "invariance", "--model", tiny_model, "--n", "1",
+            "--gen-length", "8", "--block-length", "8", "--device", "cpu", "--threads", "1")
+    done = _celeris(*argv)
     assert done.returncode == 0, done.stderr
-    assert "\r" not in done.stderr + done.stdout
-    assert "req/s" not in done.stderr and "invariance:" not in done.stderr
-
+    assert "\r" not in done.stderr + done.stdout and "req/s" not in done.stderr
+    assert "bench invariance: started (suite 1 of 1)" in done.stderr.splitlines()
+    quiet = _celeris(*argv, "--no-progress")
+    assert quiet.returncode == 0 and "bench invariance:" not in quiet.stderr
