@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import BIG_MODEL_FIELDS
+from .hints import missing_model_dir
 
 # (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
 _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
@@ -566,8 +567,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``--url`` is not a server's base URL (http(s), a host, a port in 1-65535), or None."""
+    from urllib.parse import urlsplit
+
+    expected = f"--url must be http(s)://HOST[:PORT], e.g. http://127.0.0.1:8000; got {url!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:         # a port that is not a number, an unclosed [IPv6
+        return f"{expected} ({str(exc)[0].lower()}{str(exc)[1:]})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return expected
+    if port == 0:
+        return f"{expected} (the port must be in 1-65535)"
+    return None
+
+
+def before_loading(args: argparse.Namespace) -> str | None:
+    """What fails a command before it loads anything: serve's --port outside [1, 65535], or
+    a --model / --ar-model that is a local path with no directory there (such a path is
+    never a hub id to download)."""
+    if args.command == "serve":
+        from celeris.server.serve import check_port
+        try:
+            check_port(args.port)
+        except ValueError as exc:
+            return str(exc)
+    if getattr(args, "url", None) is not None and (why := url_problem(args.url)):
+        return why
+    for flag, dest in (("--model", "model"), ("--ar-model", "ar_model")):
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and (why := missing_model_dir(value, flag)):
+            return why
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if why := before_loading(args):
+        return error(why)
     try:
         return args.func(args)
     except KeyboardInterrupt:
