@@ -585,9 +585,9 @@ def url_problem(url: str) -> str | None:
 
 
 def before_loading(args: argparse.Namespace) -> str | None:
-    """What fails a command before it loads anything: serve's --port outside [1, 65535], or
-    a --model / --ar-model that is a local path with no directory there (such a path is
-    never a hub id to download)."""
+    """What fails a command before it loads anything: serve's --port outside [1, 65535], a
+    --url that is no http(s) base URL, or a --model / --ar-model that is a local path with no
+    directory there (such a path is never a hub id to download)."""
     if args.command == "serve":
         from celeris.server.serve import check_port
         try:
