@@ -62,4 +62,4 @@ def say(suite: str, text: str, enabled: bool = True, stream: TextIO | None = Non
     """One line ``bench <suite>: <text>`` on stderr, flushed (stderr may be a pipe)."""
     if enabled:
         out = stream or sys.stderr
-        print(f"bench {suite}: {text}", file=out, flush=True)
+        print(f"bench {suite}: {text}" if suite else f"bench: {text}", file=out, flush=True)
