@@ -586,8 +586,9 @@ def url_problem(url: str) -> str | None:
 
 def before_loading(args: argparse.Namespace) -> str | None:
     """What fails a command before it loads anything: serve's --port outside [1, 65535], a
-    --url that is no http(s) base URL, or a --model / --ar-model that is a local path with no
-    directory there (such a path is never a hub id to download)."""
+    --url that is no http(s) base URL, or a --model that is a local path with no directory
+    there (such a path is never a hub id to download; bench skips its AR suites, with the
+    reason, when --ar-model holds no model)."""
     if args.command == "serve":
         from celeris.server.serve import check_port
         try:
@@ -596,11 +597,8 @@ def before_loading(args: argparse.Namespace) -> str | None:
             return str(exc)
     if getattr(args, "url", None) is not None and (why := url_problem(args.url)):
         return why
-    for flag, dest in (("--model", "model"), ("--ar-model", "ar_model")):
-        value = getattr(args, dest, None)
-        if isinstance(value, str) and (why := missing_model_dir(value, flag)):
-            return why
-    return None
+    model = getattr(args, "model", None)
+    return missing_model_dir(model) if isinstance(model, str) else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
