@@ -31,11 +31,10 @@ from fastapi.responses import JSONResponse  # noqa: E402
 
 import celeris  # noqa: E402
 import ui  # noqa: E402
-from celeris.hints import free_port, missing_model_dir, port_free  # noqa: E402
+from celeris.hints import free_port, missing_model_dir, port_free, port_problem  # noqa: E402
 from celeris.server import create_app  # noqa: E402
 from celeris.server.auth import add_loopback_host_check, is_loopback  # noqa: E402
-from celeris.server.serve import (DRAIN_TIMEOUT_S, DrainingServer, check_port,  # noqa: E402
-                                  uvicorn_config)
+from celeris.server.serve import DRAIN_TIMEOUT_S, DrainingServer, uvicorn_config  # noqa: E402
 
 try:   # Hugging Face ZeroGPU: optional; elsewhere the UI handlers run undecorated
     import spaces  # type: ignore[import-not-found]
@@ -221,11 +220,8 @@ def argument_problem(args: argparse.Namespace) -> str | None:
     """Why these arguments cannot start a server, before anything loads. Port 0 is refused
     like any port outside [1, 65535]: the operating system would pick one that the address
     printed here and by launch.sh could not name."""
-    try:
-        check_port(args.port)
-    except ValueError as exc:
-        return str(exc)
-    return key_refusal(args) or (missing_model_dir(args.model) if args.model else None)
+    return (port_problem(args.port) or key_refusal(args)
+            or (missing_model_dir(args.model) if args.model else None))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import BIG_MODEL_FIELDS
-from .hints import missing_model_dir
+from .hints import missing_model_dir, port_problem
 
 # (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
 _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
@@ -589,12 +589,8 @@ def before_loading(args: argparse.Namespace) -> str | None:
     --url that is no http(s) base URL, or a --model that is a local path with no directory
     there (such a path is never a hub id to download; bench skips its AR suites, with the
     reason, when --ar-model holds no model)."""
-    if args.command == "serve":
-        from celeris.server.serve import check_port
-        try:
-            check_port(args.port)
-        except ValueError as exc:
-            return str(exc)
+    if args.command == "serve" and (why := port_problem(args.port)):
+        return why
     if getattr(args, "url", None) is not None and (why := url_problem(args.url)):
         return why
     model = getattr(args, "model", None)

@@ -75,6 +75,15 @@ def _installed_command(name: str) -> str | None:
 
 
 # ---------------------------------------------------------------------- ports
+def port_problem(port: object) -> str | None:
+    """Why ``port`` cannot be listened on, by its number alone, or None. Port 0 is refused
+    too: the operating system would pick one that a printed address could not name."""
+    low, high = PORT_RANGE
+    if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= high:
+        return f"--port must be in [{low}, {high}], got {port!r}"
+    return None
+
+
 def port_free(host: str, port: int) -> bool:
     """Whether (host, port) can be bound right now."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET

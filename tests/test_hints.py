@@ -57,3 +57,12 @@ def test_the_suggested_port_is_free_even_when_the_next_one_is_taken():
             pass                                  # taken by someone else: taken either way
         suggested = hints.free_port("127.0.0.1", port)
         assert suggested not in (port, port + 1) and hints.port_free("127.0.0.1", suggested)
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, True, "8000"])
+def test_a_port_outside_1_to_65535_is_named_with_the_range(port):
+    assert hints.port_problem(port) == f"--port must be in [1, 65535], got {port!r}"
+
+
+def test_ports_1_and_65535_are_fine():
+    assert hints.port_problem(1) is None and hints.port_problem(65535) is None
