@@ -22,7 +22,6 @@ import hmac
 import logging
 import os
 import re
-import socket
 import sys
 from typing import Any, Callable, Sequence
 
@@ -36,6 +35,7 @@ from starlette.routing import Mount  # noqa: E402
 
 import celeris  # noqa: E402
 import ui  # noqa: E402
+from celeris.hints import free_port, missing_model_dir, port_free, port_problem  # noqa: E402
 from celeris.server import create_app  # noqa: E402
 from celeris.server.auth import (LoginGate, add_loopback_host_check, is_loopback,  # noqa: E402
                                   same_origin_only)
@@ -80,8 +80,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "read (off by default: only --models are offered)")
     p.add_argument("--host", default=env.get("GRADIO_SERVER_NAME", "127.0.0.1"),
                    help="interface to bind (default 127.0.0.1; env GRADIO_SERVER_NAME)")
-    p.add_argument("--port", type=int, default=int(env.get("GRADIO_SERVER_PORT", "7860")),
-                   help="port for the playground and the API (default 7860)")
+    p.add_argument("--port", type=int, default=env.get("GRADIO_SERVER_PORT", "7860"),
+                   help="port for the playground and the API, 1-65535 (default 7860; env "
+                        "GRADIO_SERVER_PORT)")
     p.add_argument("--api-key", default=env.get("CELERIS_API_KEY") or None,
                    help="require this bearer key on /v1 (default: env CELERIS_API_KEY)")
     p.add_argument("--drain-timeout", type=float, default=DRAIN_TIMEOUT_S, metavar="S",
@@ -291,13 +292,7 @@ def password_check(api_key: str) -> Callable[[str, str], bool]:
 
 # ---------------------------------------------------------------------- serving
 def port_in_use(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
+    return not port_free(host, port)
 
 
 def public_url(host: str, port: int) -> str:
@@ -305,15 +300,24 @@ def public_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot start a server, before anything loads. Port 0 is refused
+    like any port outside [1, 65535]: the operating system would pick one that the address
+    printed here and by launch.sh could not name."""
+    return (port_problem(args.port) or key_refusal(args)
+            or (missing_model_dir(args.model) if args.model else None))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    refusal = key_refusal(args)
-    if refusal:
-        print(f"error: {refusal}", file=sys.stderr)
+    problem = argument_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     if port_in_use(args.host, args.port):
-        print(f"error: port {args.port} is already in use on {args.host}; "
-              f"start on another one with --port {args.port + 1}", file=sys.stderr)
+        print(f"error: port {args.port} is already in use on {args.host}; start on one "
+              f"that is free now, e.g. --port {free_port(args.host, args.port)}",
+              file=sys.stderr)
         return 1
     if args.share:
         print("note: --share is not available when the playground is mounted next to the API; "

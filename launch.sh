@@ -3,6 +3,7 @@
 #
 #   ./launch.sh [app args]          start the playground + API (app.py) on http://localhost:7860
 #   ./launch.sh test [pytest args]  install the dev requirements and run the whole test suite
+#   ./launch.sh --help              the options, at once (installs nothing)
 #
 # Creates .venv with python3 when it is missing and (re)installs requirements only when
 # requirements*.txt changed since the last successful install (a sha256 stamp in .venv/).
@@ -41,6 +42,29 @@ else:
 log() { printf '[celeris] %s\n' "$*"; }
 die() { printf '[celeris] error: %s\n' "$*" >&2; exit 1; }
 
+usage() {
+    cat <<'EOF'
+usage: ./launch.sh [OPTIONS]            start the playground and the OpenAI API on one port
+       ./launch.sh test [PYTEST ARGS]   install the dev requirements and run the tests
+       ./launch.sh --help               this help (installs nothing)
+
+The first start creates .venv and installs requirements.txt (a few minutes); later starts
+reuse it. OPTIONS go to app.py; the common ones:
+
+  --port N          port of the playground and the API, 1-65535 (default 7860;
+                    env GRADIO_SERVER_PORT)
+  --host ADDR       interface to listen on (default 127.0.0.1, this machine only;
+                    0.0.0.0: every interface, then set an API key; env GRADIO_SERVER_NAME)
+  --model DIR       model directory or hub id (default models/celeris-tiny-bd)
+  --models DIR,DIR  the models a visitor may pick in the Model tab
+  --api-key KEY     require this key on /v1 and as the playground's password
+                    (better: env CELERIS_API_KEY, kept out of the process list)
+  --device DEVICE   auto (default), cpu or cuda
+
+Every option: .venv/bin/python app.py --help (once .venv exists).
+EOF
+}
+
 ensure_venv() {
     if [ -x "$PY" ]; then
         return
@@ -70,7 +94,7 @@ ensure_requirements() {
 }
 
 playground_port() {
-    local port=7860 prev=""
+    local port="${GRADIO_SERVER_PORT:-7860}" prev=""
     for arg in "$@"; do
         case "$arg" in
             --port=*) port="${arg#--port=}" ;;
@@ -110,12 +134,30 @@ run_app() {
     exec "$PY" app.py "$@"
 }
 
+# check_app_args ARGS...: --help answers and a bad --port is refused before any install.
+check_app_args() {
+    local arg port
+    for arg in "$@"; do
+        case "$arg" in
+            -h|--help) usage; exit 0 ;;
+        esac
+    done
+    port="$(playground_port "$@")"
+    if ! [[ "$port" =~ ^[0-9]{1,5}$ ]] || [ "$((10#$port))" -lt 1 ] \
+            || [ "$((10#$port))" -gt 65535 ]; then
+        printf '[celeris] error: --port must be in [1, 65535], got %s\n' "$port" >&2
+        exit 2
+    fi
+}
+
 main() {
-    ensure_venv
     if [ "${1:-}" = "test" ]; then
+        ensure_venv
         shift
         run_tests "$@"
     fi
+    check_app_args "$@"
+    ensure_venv
     run_app "$@"
 }
 

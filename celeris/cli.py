@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import BIG_MODEL_FIELDS
+from .hints import missing_model_dir, port_problem
 
 # (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
 _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
@@ -509,7 +510,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", default=None, help="serve: API key for --url")
     p.add_argument("--tiny", action="store_true", help="gpu: a tiny random config (CPU smoke)")
     p.add_argument("--no-progress", action="store_true",
-                   help="no progress bars (there are none when stderr is not a terminal)")
+                   help="no progress lines on stderr (by default a line every few seconds: "
+                        "suite, what it measures, item k of n, elapsed and time left)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; recorded in the report)")
     add_device_options(p)
@@ -566,8 +568,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``--url`` is not a server's base URL (http(s), a host, a port in 1-65535), or None."""
+    from urllib.parse import urlsplit
+
+    expected = f"--url must be http(s)://HOST[:PORT], e.g. http://127.0.0.1:8000; got {url!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:         # a port that is not a number, an unclosed [IPv6
+        return f"{expected} ({str(exc)[0].lower()}{str(exc)[1:]})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return expected
+    if port == 0:
+        return f"{expected} (the port must be in 1-65535)"
+    return None
+
+
+def before_loading(args: argparse.Namespace) -> str | None:
+    """What fails a command before it loads anything: serve's --port outside [1, 65535], a
+    --url that is no http(s) base URL, or a --model that is a local path with no directory
+    there (such a path is never a hub id to download; bench skips its AR suites, with the
+    reason, when --ar-model holds no model)."""
+    if args.command == "serve" and (why := port_problem(args.port)):
+        return why
+    if getattr(args, "url", None) is not None and (why := url_problem(args.url)):
+        return why
+    model = getattr(args, "model", None)
+    return missing_model_dir(model) if isinstance(model, str) else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if why := before_loading(args):
+        return error(why)
     try:
         return args.func(args)
     except KeyboardInterrupt:

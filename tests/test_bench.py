@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from celeris import cli
-from celeris.bench.decode import AR_ENGINE_SYSTEM, AR_SYSTEM, REFERENCE, best_config
+from celeris.bench.decode import (AR_ENGINE_SYSTEM, AR_SYSTEM, DEFAULT_SYSTEM, REFERENCE,
+                                  REFERENCE_SYSTEM, best_config, tuned_system)
 from celeris.bench.lengths import length_plan
 from tests.test_bench_fixture import one_thread, tiny_ar_dir, tiny_model_dir  # noqa: F401
 
@@ -76,7 +79,8 @@ def test_ar_suite_puts_both_systems_side_by_side_at_batch_1_and_8(bench_run):
     rows = bench_run.suites["ar"]["rows"]
     assert [r["batch"] for r in rows] == [1, 1, 1, 1, 8, 8, 8, 8]
     assert [r["system"] for r in rows[:2]] == [AR_SYSTEM, AR_ENGINE_SYSTEM]
-    assert [r["system"].split(" (")[0] for r in rows[2:4]] == ["Celeris reference", "Celeris fast"]
+    best = bench_run.suites["decode"]["best"]
+    assert [r["system"] for r in rows[2:4]] == [REFERENCE_SYSTEM, tuned_system(best)]
     for row in rows:
         assert row["requests"] == 6 and 0.0 <= row["accuracy"] <= 1.0
         assert row["completion_tokens"] <= 6 * GEN
@@ -102,8 +106,8 @@ def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(be
     sec = bench_run.suites["stories"]
     rows = sec["rows"]
     assert [(r["system"], r["batch"]) for r in rows] == \
-        [(AR_SYSTEM, 1), (AR_ENGINE_SYSTEM, 1), ("Celeris (model defaults)", 1),
-         (AR_SYSTEM, 8), (AR_ENGINE_SYSTEM, 8), ("Celeris (model defaults)", 8)]
+        [(AR_SYSTEM, 1), (AR_ENGINE_SYSTEM, 1), (DEFAULT_SYSTEM, 1),
+         (AR_SYSTEM, 8), (AR_ENGINE_SYSTEM, 8), (DEFAULT_SYSTEM, 8)]
     _assert_twin_ratios(rows)
     assert sec["settings"]["requests"] == 8           # --n 1: 8 held-out long requests
     for row in rows:
@@ -426,3 +430,54 @@ def test_seed_stories_counts_distinct_samples_per_request():
     reqs = [SimpleNamespace(text="first request"), SimpleNamespace(text="second request")]
     assert seed_stories(Echo(), GenerationParams(), reqs) == (1 + SEEDS) / 2
     assert seen == [(0.8, s) for _ in reqs for s in range(SEEDS)]
+
+
+def test_progress_lines_come_at_most_every_few_seconds_with_k_of_n_and_time_left():
+    import io
+
+    from celeris.bench.progress import Progress
+
+    out, now = io.StringIO(), iter([0.0, *range(1, 11)]).__next__
+    bar = Progress("ar", "batch 1, 3 systems", 10, stream=out, every=5.0, now=now)
+    for k in range(10):
+        bar.update(1, system=f"system {k % 3}")
+    lines = out.getvalue().splitlines()
+    assert lines == ["bench ar: batch 1, 3 systems: 10 items",
+                     "bench ar: batch 1, 3 systems: item 5 of 10, last: system 1, 0:05 "
+                     "elapsed, about 0:05 left",
+                     "bench ar: batch 1, 3 systems: item 10 of 10, last: system 0, 0:10 "
+                     "elapsed"]
+    quiet = io.StringIO()
+    Progress("ar", "x", 3, enabled=False, stream=quiet).update(3)
+    assert quiet.getvalue() == ""
+
+
+def test_a_bench_run_prints_progress_to_stderr_and_names_one_system_default(models, tmp_path):
+    """A real ``python -m celeris bench`` with its stderr redirected: progress lines (suite,
+    what is measured, item k of n, elapsed), and a summary whose systems have distinct names,
+    none of them but the model's own defaults called a default."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    model, ar = models
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, "-m", "celeris", "bench", "--suite", "ar", "--model", str(model),
+         "--ar-model", str(ar), "--n", "1", "--gen-length", str(GEN), "--block-length",
+         str(BLOCK), "--device", "cpu", "--threads", "1", "--json", str(tmp_path / "r.json")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("bench ar: ")]
+    assert progress[0] == "bench ar: started (suite 1 of 1)"
+    assert any(re.search(r"item (\d+) of \1, .*elapsed$", line) for line in progress)
+    assert any(re.search(r"item \d+ of \d+, last: .+, \d+:\d\d elapsed", line)
+               for line in progress), progress
+    assert progress[-1].startswith("bench ar: ok in ")
+    assert "\r" not in done.stderr
+    rows = json.loads((tmp_path / "r.json").read_text())["suites"]["ar"]["rows"]
+    systems = [r["system"] for r in rows if r["batch"] == 1]
+    assert len(set(systems)) == len(systems) == 4
+    assert not any("default" in s.lower() and s != DEFAULT_SYSTEM for s in systems), systems
+    assert "(default)" not in done.stdout and "fast" not in " ".join(systems)

@@ -320,6 +320,28 @@ def test_batch_url_with_nothing_listening_says_so_in_one_line_before_validating(
     assert "check that it is running" in lines[0]
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://[::1", "http://h:1:2",
+                                 "http://h:0", "localhost:8000"])
+def test_batch_url_that_is_no_url_is_one_line_naming_url(tmp_path, url):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n")
+    done = _celeris("batch", str(src), "--url", url, timeout=60)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: --url must be http(s)://HOST[:PORT]") and repr(url) in line
+
+
+@pytest.mark.parametrize("command", [("generate", "--prompt", "x"), ("serve",),
+                                     ("bench", "--suite", "decode")])
+def test_a_missing_local_model_is_said_so_not_looked_up_on_the_hub(command):
+    done = _celeris(*command, "--model", "models/nope", timeout=60)
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: --model models/nope: no such local directory")
+    assert "huggingface-cli" not in line
+    assert "download OWNER/nope" in line or "snapshot_download('OWNER/nope'" in line
+
+
 def test_bench_help_names_every_suite_and_the_block_length_rule():
     from celeris.bench import SUITES
 
@@ -355,11 +377,14 @@ def test_eval_prints_a_table_of_task_n_accuracy_time_and_the_mean(tiny_model):
                                            abs=1e-3)
 
 
-def test_bench_draws_no_progress_bars_when_its_output_is_redirected(tiny_model):
-    done = _celeris("bench", "--suite", "invariance", "--model", tiny_model, "--n", "1",
-                    "--gen-length", "8", "--block-length", "8", "--device", "cpu",
-                    "--threads", "1")
+def test_bench_progress_is_plain_lines_when_its_output_is_redirected(tiny_model):
+    """A log file gets whole lines (no carriage-return redraws), and none with --no-progress."""
+    argv = ("bench", "--suite", "invariance", "--model", tiny_model, "--n", "1",
+            "--gen-length", "8", "--block-length", "8", "--device", "cpu", "--threads", "1")
+    done = _celeris(*argv)
     assert done.returncode == 0, done.stderr
-    assert "\r" not in done.stderr + done.stdout
-    assert "req/s" not in done.stderr and "invariance:" not in done.stderr
+    assert "\r" not in done.stderr + done.stdout and "req/s" not in done.stderr
+    assert "bench invariance: started (suite 1 of 1)" in done.stderr.splitlines()
+    quiet = _celeris(*argv, "--no-progress")
+    assert quiet.returncode == 0 and "bench invariance:" not in quiet.stderr
 

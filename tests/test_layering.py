@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # layer -> module prefixes; a prefix matches the module itself and its submodules.
 LAYERS: dict[str, tuple[str, ...]] = {
-    "L0": ("celeris.config", "celeris.params", "celeris.outputs", "celeris.request_params"),
+    "L0": ("celeris.config", "celeris.params", "celeris.outputs", "celeris.request_params",
+           "celeris.hints"),
     "L1": ("celeris.kernels", "celeris.tokenizer"),
     "L2": ("celeris.cache", "celeris.model"),
     "L3": ("celeris.sampler",),
@@ -50,7 +51,7 @@ ALLOWED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "data": (("L0", "data"), ()),   # generated stories and tasks: stdlib, imports no L5 package
     "L5": (("facade", "L0", "data", "L5"), ()),
     "ui": (("facade", "ui"), ("celeris.params", "celeris.outputs")),
-    "app": (("facade", "ui"), ("celeris.server",)),
+    "app": (("facade", "ui"), ("celeris.server", "celeris.hints")),
 }
 CHECKED_ROOTS = ("celeris", "ui", "app")  # imports of anything else are third-party/stdlib
 FORBIDDEN_IN_CELERIS = ("gradio",)

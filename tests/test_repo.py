@@ -7,6 +7,7 @@ No model is loaded: these read files only.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -71,6 +72,52 @@ def test_readme_has_the_clone_and_launch_commands_and_no_diary():
     assert "git clone --depth 1" in text and "./launch.sh" in text
     for word in ("session ", "not shipped", "issue "):
         assert word not in text.lower(), f"README holds history: {word!r}"
+
+
+# What users read: README, docs (FINDINGS keeps the history of experiments), model cards, and
+# the strings the CLI, bench, batch jobs, app.py and the launchers print.
+# a login or Gradio "session" is a product word; a numbered or "this/last" session is history
+HISTORY = re.compile(r"\bissues? #?\d+|\bround \d+|\bsessions? \d+|"
+                     r"\b(?:this|last|previous|next|earlier|later) sessions?\b", re.IGNORECASE)
+USER_DOCS = sorted({ROOT / "README.md", *DOCS.glob("*.md"), *(m / "README.md" for m in MODELS)}
+                   - {DOCS / "FINDINGS.md"})
+USER_CODE = sorted({ROOT / "celeris/cli.py", ROOT / "app.py",
+                    *(ROOT / "celeris/bench").glob("*.py"), *(ROOT / "celeris/batch").glob("*.py")})
+
+
+def _strings(path: Path) -> str:
+    """Every string literal of a Python file (messages, help, notes, docstrings)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return "\n".join(node.value for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str))
+
+
+@pytest.mark.parametrize("path", [*USER_DOCS, *USER_CODE, ROOT / "launch.sh", ROOT / "launch.bat"],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_what_users_read_names_no_issue_work_round_or_session(path):
+    text = _strings(path) if path.suffix == ".py" else path.read_text(encoding="utf-8")
+    found = sorted({m.group(0) for m in HISTORY.finditer(text)})
+    assert not found, f"{path.relative_to(ROOT)} mentions the project's work: {found}"
+
+
+def test_model_cards_quote_the_benchmark_figures_and_no_goals_or_stage_diary():
+    """The block model's card quotes the twin ratios BENCHMARKS holds (one set, dated), only
+    celeris-tiny-bd's card calls itself the default, and no card keeps a goals table or a
+    training log table."""
+    bench = (DOCS / "BENCHMARKS.md").read_text(encoding="utf-8")
+    section = bench.split("## Block diffusion vs its autoregressive twin", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    date = re.search(r"\| date \| (\d{4}-\d\d-\d\d)", section).group(1)
+    card = (ROOT / "models/celeris-tiny-bd/README.md").read_text(encoding="utf-8")
+    ratios = re.findall(r"\*\*(\d\.\d\d)\*\*", section)
+    assert len(ratios) == 4 and all(f"**{r}**" in card for r in ratios), ratios
+    assert date in card and "3.95" not in card
+    for model in MODELS:
+        text = (model / "README.md").read_text(encoding="utf-8")
+        assert "## Goals" not in text and "| step | tokens seen |" not in text, model.name
+        intro = text.split("\n## ", 1)[0]
+        claims = re.search(r"\b(it is|and) the default model", intro, re.IGNORECASE)
+        assert bool(claims) == (model.name == "celeris-tiny-bd"), model.name
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/BENCHMARKS.md", "docs/FINDINGS.md",

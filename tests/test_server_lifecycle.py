@@ -203,9 +203,10 @@ def test_bench_serve_reports_each_concurrency_against_sequential(engine):
 def test_serve_with_a_missing_model_exits_2_with_one_line(tmp_path, capsys):
     from celeris.cli import main
 
-    code = main(["serve", "--model", str(tmp_path / "missing"), "--port", str(free_port()),
+    code = main(["serve", "--model", str(tmp_path), "--port", str(free_port()),   # no model
                  "--device", "cpu"])
     assert code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1].startswith("error: loading the model failed: model directory")
+    assert err.splitlines()[-1].startswith("error: loading the model failed: ")
+    assert "config.json" in err.splitlines()[-1]
     assert "Traceback" not in err

@@ -152,7 +152,13 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
             raise ValueError("give either --model (in-process) or --url (remote), not both")
         api_key = args.api_key or os.environ.get("CELERIS_API_KEY") or None
         retries = getattr(args, "max_retries", None)
-        runner = RemoteRunner(args.url, api_key, max_retries=6 if retries is None else retries)
+        try:
+            runner = RemoteRunner(args.url, api_key,
+                                  max_retries=6 if retries is None else retries)
+        except Exception as exc:    # httpx's InvalidURL, from the client the runner builds
+            if "InvalidURL" not in type(exc).__name__:
+                raise
+            raise ValueError(f"--url {args.url!r} is not a valid URL: {exc}") from None
         runner.check_reachable()   # before validating (which may ask it for its models)
         return runner, GenerationParams(), {"url": args.url}
     device = "cpu" if ray else getattr(args, "device", "auto")   # Ray: the driver only checks

@@ -18,6 +18,7 @@ from .common import BenchContext, SuiteSkipped, machine_info
 from .decode import run_ar, run_decode
 from .gpu import run_gpu
 from .lengths import run_invariance, run_lengths
+from .progress import clock
 from .report import console, write_html, write_json
 from .serve import run_serve
 from .stories import run_stories
@@ -85,8 +86,10 @@ def run(ctx: BenchContext, names: list[str]) -> dict[str, Any]:
                               "command": " ".join(["python -m celeris bench", *sys.argv[2:]])
                               if sys.argv[1:2] == ["bench"] else "celeris.bench.run",
                               "machine": machine_info(), "suites": {}}
-    for name in names:
+    for k, name in enumerate(names, 1):
         start = time.perf_counter()
+        ctx.suite = name
+        ctx.say(f"started (suite {k} of {len(names)})")
         try:
             sec = SUITES[name](ctx)
         except SuiteSkipped as exc:
@@ -95,6 +98,7 @@ def run(ctx: BenchContext, names: list[str]) -> dict[str, Any]:
             traceback.print_exc(file=sys.stderr)
             sec = {"suite": name, "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
         sec["seconds"] = round(time.perf_counter() - start, 2)
+        ctx.say(f"{sec['status']} in {clock(sec['seconds'])}")
         report["suites"][name] = ctx.results[name] = sec
     return report
 

@@ -13,11 +13,12 @@ import importlib.metadata
 import os
 import platform
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from .progress import Progress, say
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_AR_MODEL = REPO_ROOT / "models" / "celeris-tiny-ar"
@@ -46,7 +47,8 @@ class BenchContext:
     url: str | None = None
     api_key: str | None = None
     tiny: bool = False
-    progress: bool = True
+    progress: bool = True               # progress lines on stderr (--no-progress: none)
+    suite: str = ""                     # the suite running now (named in progress lines)
     max_running: int | None = None      # the engine's batch cap (None: EngineConfig's)
     load_options: dict[str, Any] = field(default_factory=dict)   # device_map, max_memory...
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -99,13 +101,14 @@ class BenchContext:
             gen_length=max_new_tokens, block_length=1, steps=None, decoding="fixed",
             temperature=0.0, seed=0, stop=())
 
-    def bar(self, total: int, desc: str) -> Any:
-        """A progress bar on stderr; none with --no-progress or when stderr is not a
-        terminal (a redirected log would fill with carriage-return redraws)."""
-        from tqdm import tqdm
-        shown = self.progress and sys.stderr.isatty()
-        return tqdm(total=total, desc=desc, unit="req", leave=False, dynamic_ncols=True,
-                    disable=not shown, file=sys.stderr)
+    def bar(self, total: int, desc: str) -> Progress:
+        """Progress lines on stderr for ``total`` items of the running suite: item k of n,
+        the system that ran last, elapsed and time left (none with --no-progress)."""
+        return Progress(self.suite, desc, total, enabled=self.progress)
+
+    def say(self, text: str) -> None:
+        """One progress line for a step outside a measured loop (warm-up, untimed runs)."""
+        say(self.suite, text, self.progress)
 
     def base_params(self, remote: bool = False, **changes: Any) -> Any:
         """The model's defaults (remote: the library defaults) with this run's lengths,
@@ -217,7 +220,7 @@ def timed_side_by_side(runs: dict[str, Callable[[list[Any]], list[Any]]],
             results.extend(runs[name](chunk))
             walls.append(time.perf_counter() - start)
             if bar is not None:
-                bar.update(len(chunk))
+                bar.update(len(chunk), system=name)
     return out
 
 

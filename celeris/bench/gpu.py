@@ -605,7 +605,7 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
                   + len(plan.batches) * (len(plan.caches) + len(BLOCK_CACHES))
                   * len(plan.tokens_per_forward)
                   + len(plan.variant_batches) * len(plan.variant_caches) * len(STEP_KERNELS),
-                  "gpu")
+                  "step costs (batch x cache x tokens per forward)")
     start = time.perf_counter()
     # the MoE step first (the model is freed before the dense one is built); a failure there
     # is reported and the dense tables still run

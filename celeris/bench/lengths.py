@@ -39,14 +39,15 @@ def length_plan(ctx: BenchContext, prompt_len: int, context: int
     return plan, notes
 
 
-def _repeat(run, repeats: int, bar: Any) -> tuple[list[float], list[int], list[float]]:
+def _repeat(run, repeats: int, bar: Any, system: str
+            ) -> tuple[list[float], list[int], list[float]]:
     tps, tokens, walls = [], [], []
     for _ in range(repeats):
         (tok,), (wall,) = timed_batches(lambda chunk: [run()], [None], 1)
         tokens.append(tok)
         walls.append(wall)
         tps.append(tok / wall if wall > 0 else 0.0)
-        bar.update(1)
+        bar.update(1, system=system)
     return tps, tokens, walls
 
 
@@ -74,15 +75,17 @@ def run_lengths(ctx: BenchContext) -> dict[str, Any]:
         ar_note = f"AR twin: {ctx.ar_path()} (transformers generate, greedy, KV cache)"
     engine.generate(prompt, params.replace(gen_length=plan[0][1]))        # warm-up
     rows = []
-    bar = ctx.bar(len(plan) * ctx.repeats * (2 if ar else 1), "lengths")
+    bar = ctx.bar(len(plan) * ctx.repeats * (2 if ar else 1),
+                  f"{len(plan)} answer lengths, {ctx.repeats} repeats each")
     for label, gen in plan:
         p = params.replace(gen_length=gen)
+        system = f"Celeris ({best})"
         runs = _repeat(lambda: engine.generate(prompt, p).usage.completion_tokens,
-                       ctx.repeats, bar)
-        rows.append(_length_row(f"Celeris ({best})", label, gen, *runs))
+                       ctx.repeats, bar, f"{system}, {label}")
+        rows.append(_length_row(system, label, gen, *runs))
         if ar is not None:
             runs = _repeat(lambda: ar.generate_batch([prompt], gen)[0]["completion_tokens"],
-                           ctx.repeats, bar)
+                           ctx.repeats, bar, f"AR twin, {label}")
             rows.append(_length_row("AR twin", label, gen, *runs))
     bar.close()
     notes = [f"story prompt {prompt[0]['content']!r} ({prompt_len} tokens), {ctx.repeats} "
@@ -126,15 +129,16 @@ def run_invariance(ctx: BenchContext) -> dict[str, Any]:
     examples = task_examples(-(-INVARIANCE_BATCH // 6))[:INVARIANCE_BATCH]
     prompts = [messages(ex.prompt) for ex in examples]
     rows = []
-    bar = ctx.bar(len(INVARIANCE_CONFIGS) * (len(prompts) + 1), "invariance")
+    bar = ctx.bar(len(INVARIANCE_CONFIGS) * (len(prompts) + 1),
+                  f"{len(prompts)} requests alone, then in one batch")
     for name, changes in INVARIANCE_CONFIGS:
         params = _requests(ctx, changes, len(prompts))
         alone = []
         for p, q in zip(prompts, params):
             alone.append(engine.generate(p, q))
-            bar.update(1)
+            bar.update(1, system=f"{name}, alone")
         together = engine.generate_batch(prompts, params)
-        bar.update(1)
+        bar.update(1, system=f"{name}, batched")
         diffs = [_difference(i, a, b) for i, (a, b) in enumerate(zip(alone, together))
                  if a.token_ids != b.token_ids]
         rows.append({"config": name, "requests": len(prompts),

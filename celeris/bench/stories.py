@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .common import BenchContext, ar_params, messages, section, timed_side_by_side
-from .decode import AR_ENGINE_NOTE, AR_ENGINE_SYSTEM, AR_SYSTEM, add_ratios
+from .decode import (AR_ENGINE_NOTE, AR_ENGINE_SYSTEM, AR_SYSTEM, DEFAULT_SYSTEM,
+                     add_ratios)
 
 STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("tokens_per_s", "tok/s", ".2f"), ("tokens_per_forward", "TPF", ".2f"),
@@ -83,10 +84,10 @@ def measure(ctx: BenchContext, requests: Sequence[Any], batch: int
     engines = {}
     if ctx.ar_engine is not None:
         engines[AR_ENGINE_SYSTEM] = (ctx.ar_engine, ctx.ar_engine_params(cap))
-    engines["Celeris (model defaults)"] = (engine, params)
+    engines[DEFAULT_SYSTEM] = (engine, params)
     for name, (eng, p) in engines.items():
         runs[name] = _engine_run(eng, p)
-    bar = ctx.bar(len(runs) * len(requests), f"{len(runs)} systems, batch {batch}")
+    bar = ctx.bar(len(runs) * len(requests), f"batch {batch}, {len(runs)} systems")
     out = timed_side_by_side(runs, requests, batch, bar)
     bar.close()
     ar_results, ar_walls = out["ar"]
@@ -99,6 +100,8 @@ def measure(ctx: BenchContext, requests: Sequence[Any], batch: int
                          [r.usage.completion_tokens for r in results],
                          [r.nfe for r in results], walls, requests, p.to_dict()))
         if batch == 1:                 # sampled diversity, outside the timed runs
+            ctx.say(f"{name}: {SEEDS} samples of {SEED_REQUESTS} requests at T "
+                    f"{SEED_TEMPERATURE} (untimed)")
             rows[-1]["seed_stories"] = seed_stories(eng, p, requests)
     return rows
 
@@ -122,6 +125,7 @@ def _engine_run(engine: Any, params: Any):
 def run_stories(ctx: BenchContext) -> dict[str, Any]:
     requests = requests_for(ctx)
     warm = [messages(requests[0].text)]
+    ctx.say("loading the models and warming up")
     ctx.ar.generate_batch(warm, 8)                       # skips early when the twin is missing
     ctx.engine.generate_batch(warm, celeris_params(ctx).replace(gen_length=16, steps=None))
     rows = []
