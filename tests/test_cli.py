@@ -296,17 +296,26 @@ def test_serve_refuses_a_port_outside_1_to_65535_with_exit_2(tmp_path, port):
     assert done.stderr.strip() == f"error: --port must be in [1, 65535], got {port}"
 
 
-def test_serve_on_a_busy_port_exits_1_with_one_line(tiny_model):
-    with socket.socket() as busy:
+def test_serve_on_a_busy_port_exits_1_with_one_line_naming_a_free_port(tiny_model):
+    with socket.socket() as busy, socket.socket() as next_busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        try:                         # the port after it taken too: the hint must skip it
+            next_busy.bind(("127.0.0.1", port + 1))
+            next_busy.listen()
+        except OSError:
+            pass
         done = _celeris("serve", "--model", tiny_model, "--port", str(port), "--device", "cpu",
                         timeout=60)
+        (line,) = done.stderr.strip().splitlines()
+        suggested = int(line.rsplit("--port ", 1)[1])
+        with socket.socket() as probe:              # free when the hint was given
+            probe.bind(("127.0.0.1", suggested))
     assert done.returncode == 1, done.stderr
-    assert done.stderr.strip().splitlines() == [
-        f"error: port {port} is already in use on 127.0.0.1; start on another one with "
-        f"--port {port + 1}"]
+    assert line.startswith(f"error: port {port} is already in use on 127.0.0.1; start on "
+                           "another one with --port ")
+    assert suggested not in (port, port + 1)
 
 
 def test_batch_url_with_nothing_listening_says_so_in_one_line_before_validating(tmp_path):

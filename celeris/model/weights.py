@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 import torch
 
 from ..config import ModelLoadError, normalize_device, normalize_dtype
+from ..hints import download_hint
 from .configuration import CelerisConfig
 from .dispatch import load_dispatched
 from .modeling import CelerisForMaskedDiffusion
@@ -59,8 +60,8 @@ def resolve_model_dir(path_or_id: str | os.PathLike) -> Path:
 def _download(repo_id: str) -> Path:
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     hint = (f"place the files (config.json, *.safetensors, tokenizer files) in a local "
-            f"directory and pass its path, e.g. `huggingface-cli download {repo_id} "
-            f"--local-dir models/{repo_id.split('/')[-1]}` on a machine with network access")
+            f"directory and pass its path, e.g. {download_hint(repo_id)} on a machine with "
+            f"network access")
     try:
         from huggingface_hub import snapshot_download
         return Path(snapshot_download(repo_id, local_files_only=offline,

@@ -22,6 +22,7 @@ import uvicorn
 
 from .. import Engine, EngineConfig, ModelLoadError
 from ..config import BIG_MODEL_FIELDS
+from ..hints import free_port
 from .app import create_app
 from .slow_clients import BODY_TIMEOUT_S, HEAD_TIMEOUT_S, timed_h11
 from .state import ServerState
@@ -116,7 +117,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         if exc.errno == errno.EADDRINUSE:
             raise PortUnavailable(f"port {port} is already in use on {host}; start on "
-                                  f"another one with --port {port + 1 if port < 65535 else 8000}"
+                                  f"another one with --port {free_port(host, port)}"
                                   ) from None
         raise PortUnavailable(f"cannot listen on {host}:{port}: "
                               f"{exc.strerror or exc}") from None
