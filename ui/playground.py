@@ -236,7 +236,7 @@ def _prompt_column() -> dict[str, Any]:
         parts["run"] = gr.Button("Generate", variant="primary", elem_id="pg-generate")
         parts["stop"] = gr.Button("Stop", variant="stop", elem_id="pg-stop")
     parts["canvas"] = widgets.canvas("pg-canvas")
-    widgets.legend()
+    widgets.legend(structured=True)
     parts["gauges"] = widgets.gauges("pg-gauges")
     parts["answer"] = gr.Textbox(label="answer (committed prefix)", lines=3, interactive=False,
                               elem_id="pg-answer")
