@@ -1,15 +1,26 @@
-"""How the canvas shows a run under a grammar (ui/render.py, ui/trajectory.py), without a
-browser: cells the grammar wrote and the frontier get their own classes, and an
-unconstrained run looks as before."""
+"""The Playground's Structured control (ui/structured.py) and how the canvas shows a run under
+a grammar (ui/render.py, ui/trajectory.py), without a browser: cells the grammar wrote and the
+frontier get their own classes, an unconstrained run looks as before, the control's off
+position leaves the params untouched, and every worked example finishes on the default
+model with an answer that conforms."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
+import jsonschema
+import pytest
+
+from celeris import GenerationParams
 from celeris.outputs import StepEvent
-from ui import render, widgets
+from ui import render, structured, widgets
+from ui.playground import params_from
+from ui.settings import FIELDS, build_params, widget_values
 from ui.trajectory import Trajectory
 
+ROOT = Path(__file__).resolve().parents[1]
 M = 99
 STRINGS = {1: "{\"", 2: "kind", 3: "\":", 4: " \"", 5: "cat", 6: "\"}"}
 SCHEMA = json.dumps({"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}},
@@ -110,3 +121,71 @@ def test_the_playground_legend_names_forced_cells_and_the_frontier():
     plain = widgets.legend_html()
     assert "forced" not in plain and "masked" in plain
     assert "{{" not in shown and "${" not in shown      # nothing the template would evaluate
+
+
+# ---------------------------------------------------------------------- the control
+def test_off_leaves_the_params_exactly_the_unconstrained_ones():
+    base = GenerationParams(gen_length=64, block_length=4, decoding="ltr", cache="prefix")
+    values = [widget_values(base)[f] for f in FIELDS]
+    assert structured.structured_value(structured.OFF, SCHEMA) is None
+    assert structured.structured_value(None, "") is None
+    assert build_params(base, values, None) == build_params(base, values) == base
+
+
+def test_a_mode_and_spec_reach_generation_params():
+    base = GenerationParams(gen_length=64, block_length=4)
+    values = [widget_values(base)[f] for f in FIELDS]
+    constraint = structured.structured_value("regex", "  (yes|no)\\. ")
+    assert constraint == ("regex", "(yes|no)\\.")
+    assert build_params(base, values, constraint).structured == ("regex", "(yes|no)\\.")
+
+    class Slot:
+        def require(self):
+            return type("E", (), {"default_params": lambda self: base})()
+    assert params_from(Slot(), values, ("json", SCHEMA)).structured == ("json", SCHEMA)
+    assert params_from(Slot(), values).structured is None
+
+
+def test_an_empty_spec_or_an_unknown_mode_is_refused_by_name():
+    with pytest.raises(ValueError, match="the spec box is empty; type a JSON schema"):
+        structured.structured_value("json", "   ")
+    with pytest.raises(ValueError, match="structured mode must be one of off, json"):
+        structured.structured_value("yaml", "a")
+
+
+def test_picking_a_mode_offers_its_examples_and_keeps_a_visitors_own_spec():
+    dropdown, box = structured.on_mode("json", "")
+    pet = structured.example_specs("json")["pet"]
+    assert dropdown.value == "pet" and box.value == pet and box.visible
+    dropdown, box = structured.on_mode("regex", pet)          # an example: replaced
+    assert box.value == structured.example_specs("regex")[dropdown.value]
+    _, box = structured.on_mode("choice", "[\"mine\", \"yours\"]")
+    assert box.value == "[\"mine\", \"yours\"]"               # the visitor's own: kept
+    dropdown, box = structured.on_mode(structured.OFF, pet)
+    assert dropdown.visible is False and box.visible is False
+    assert structured.on_example("choice", "mood") == json.dumps(["happy", "sad", "angry"])
+
+
+def test_each_mode_has_worked_examples():
+    for kind in structured.KINDS:
+        assert 2 <= len(structured.example_specs(kind)) <= 3, kind
+    assert structured.example_specs("regex")["yes or no, then a word"] == r"(yes|no), [a-z]+\."
+
+
+@pytest.mark.slow
+def test_every_worked_example_finishes_and_conforms_on_the_default_model():
+    import celeris
+
+    engine = celeris.Engine.from_pretrained(ROOT / "models" / "celeris-tiny-bd", device="cpu")
+    prompt = [{"role": "user", "content": "Tell me a story about a brave fox called Pip."}]
+    for kind in structured.KINDS:
+        for name, spec in structured.example_specs(kind).items():
+            params = engine.default_params().replace(structured=(kind, spec))
+            result = engine.generate(prompt, params)
+            assert result.finish_reason == "stop", (name, result.text)
+            if kind == "json":
+                jsonschema.validate(json.loads(result.text), json.loads(spec))
+            elif kind == "regex":
+                assert re.fullmatch(spec, result.text), (name, result.text)
+            else:
+                assert result.text in json.loads(spec), (name, result.text)
