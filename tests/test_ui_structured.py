@@ -78,6 +78,9 @@ def test_the_frontier_is_the_leftmost_masked_cell_of_a_structured_run():
     front = cells(traj, 1)[3]
     assert classes(front)[0] == "mask" and render.FRONTIER_NOTE in front["h"]
     assert render.frontier(traj.cells_at(1)) == 3 and render.frontier(traj.cells_at()) is None
+    first = [render.parse_cell(c)["k"] for c in render.masked_cells(3, 3, structured=True)]
+    assert first == ["mask front", "mask", "mask"]          # before the first event
+    assert "front" not in "".join(render.masked_cells(3, 3))
 
 
 def test_a_finished_structured_run_has_no_frontier_and_keeps_its_forced_cells():

@@ -56,7 +56,7 @@ def finished_summary(traj: Trajectory, as_chat: bool) -> str:
 def frame(traj: Trajectory, slot: Any, as_chat: bool = False) -> tuple[Any, ...]:
     """One streaming update: canvas cells, answer text, gauges (summary and state skipped)."""
     if not traj.steps and not traj.finished:     # accepted, nothing committed yet
-        return (render.masked_cells(traj.gen_length, traj.block_length), "",
+        return (render.masked_cells(traj.gen_length, traj.block_length, traj.structured), "",
                 render.gauges(info=slot.info(), state="running"), "", gr.skip())
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"

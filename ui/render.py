@@ -147,9 +147,12 @@ def frontier(states: Sequence[tuple[Any, ...]]) -> int | None:
     return next((pos for pos, state in enumerate(states) if state[0] == MASK), None)
 
 
-def masked_cells(gen_length: int, block_length: int) -> list[str]:
-    """The canvas before the first step: every position masked."""
-    return [cell(MASK, "", None, pos, block_length, 0) for pos in range(gen_length)]
+def masked_cells(gen_length: int, block_length: int, structured: bool = False
+                 ) -> list[str]:
+    """The canvas before the first step: every position masked (under a grammar,
+    ``structured``, the first one is the frontier)."""
+    return [cell(MASK, "", None, pos, block_length, 0, frontier=structured and pos == 0)
+            for pos in range(gen_length)]
 
 
 def canvas_text(traj: Trajectory, step: int | None = None) -> str:
