@@ -253,7 +253,8 @@ def test_trajectory_round_trips_through_json():
     assert data["steps"][0] == {"step": 1, "block": 0, "nfe": 1, "elapsed": 0.01,
                                 "committed": [1], "confidences": [0.5], "tokens": [2],
                                 "text": "", "length": 4, "edited": [], "texts": [" world"],
-                                "draft": [], "draft_tokens": [], "draft_texts": []}
+                                "draft": [], "draft_tokens": [], "draft_texts": [],
+                                "forced": []}
 
 
 def test_text_at_uses_the_result_once_finished():

@@ -50,7 +50,8 @@ def snippets(url: str, model: str, key_required: bool,
     client = (("import os\n" if key_required else "")
               + f"from gradio_client import Client\n\nclient = Client(\"{url}/\"{login})\n"
               "# prompt, as_chat, steps, temperature, gen_length, block_length, threshold,\n"
-              "# decoding, remasking, cache, seed\n"
+              "# decoding, remasking, cache, seed (then, optional, a structured output mode:\n"
+              "# \"json\", \"regex\" or \"choice\", and its spec)\n"
               f"job = client.submit(\"{EXAMPLE_PROMPT}\", True, 0, 0.0, 64, {block}, "
               f"{threshold:g},\n"
               "                    \"threshold\", \"low_confidence\", \"prefix\", 0, "

@@ -16,7 +16,7 @@ import gradio as gr
 
 from celeris.params import GenerationParams
 
-from . import bounds, charts, limits, render, widgets
+from . import bounds, charts, limits, render, structured, widgets
 from .context import (EngineSlot, Follow, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
@@ -35,9 +35,14 @@ def prompt_input(prompt: str, as_chat: bool) -> str | list[dict[str, str]]:
     return [{"role": "user", "content": prompt}] if as_chat else prompt
 
 
-def params_from(slot: Any, values: tuple[Any, ...]) -> GenerationParams:
+def params_from(slot: Any, values: tuple[Any, ...],
+                constraint: tuple[str | None, str | None] = (structured.OFF, "")
+                ) -> GenerationParams:
+    """The run's GenerationParams: the model's defaults, the widgets' ``values`` and the
+    Structured control's (mode, spec); a refusal becomes a toast."""
     with user_errors():
-        return build_params(slot.require().default_params(), values)
+        return build_params(slot.require().default_params(), values,
+                            structured.structured_value(*constraint))
 
 
 def finished_summary(traj: Trajectory, as_chat: bool) -> str:
@@ -51,7 +56,7 @@ def finished_summary(traj: Trajectory, as_chat: bool) -> str:
 def frame(traj: Trajectory, slot: Any, as_chat: bool = False) -> tuple[Any, ...]:
     """One streaming update: canvas cells, answer text, gauges (summary and state skipped)."""
     if not traj.steps and not traj.finished:     # accepted, nothing committed yet
-        return (render.masked_cells(traj.gen_length, traj.block_length), "",
+        return (render.masked_cells(traj.gen_length, traj.block_length, traj.structured), "",
                 render.gauges(info=slot.info(), state="running"), "", gr.skip())
     if traj.finished:
         state = "stopped" if traj.result["finish_reason"] == "abort" else "done"
@@ -76,22 +81,25 @@ def make_generate(slot: EngineSlot):
     @slot.gpu
     def generate(prompt: str, as_chat: bool, steps: float, temperature: float,
                  gen_length: float, block_length: float, threshold: float, decoding: str,
-                 remasking: str, cache: str, seed: float, request: gr.Request
-                 ) -> Iterator[tuple[Any, ...]]:
+                 remasking: str, cache: str, seed: float, mode: str = structured.OFF,
+                 spec: str = "", request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
         """Generate with live denoising steps: yields (canvas cells, text, gauges, summary)
-        after every step; a refused run shows status "error" and says why."""
+        after every step; a refused run shows status "error" and says why. ``mode`` and
+        ``spec``: the Structured control (off: unconstrained)."""
         settings = (steps, temperature, gen_length, block_length, threshold, decoding,
                     remasking, cache, seed)
         view = slot.session(request)
-        yield from with_error_frame(_run(view, prompt, as_chat, settings, request),
+        yield from with_error_frame(_run(view, prompt, as_chat, settings, request,
+                                         (mode, spec)),
                                     lambda why: error_frame(why, view))
     return generate
 
 
 def _run(slot: Any, prompt: str, as_chat: bool, settings: tuple[Any, ...],
-         request: gr.Request) -> Iterator[tuple[Any, ...]]:
+         request: gr.Request, constraint: tuple[Any, Any] = (structured.OFF, "")
+         ) -> Iterator[tuple[Any, ...]]:
     engine = slot.require()
-    params = params_from(slot, settings)
+    params = params_from(slot, settings, constraint)
     message = prompt_input(prompt, as_chat)
     # a block-diffusion canvas grows block by block from nothing (gen length is a cap)
     grows = bool(getattr(engine, "block_causal", False))
@@ -232,11 +240,12 @@ def _prompt_column() -> dict[str, Any]:
     parts = {"prompt": gr.Textbox(first[0], lines=3, label="prompt", elem_id="pg-prompt"),
           "as_chat": gr.Checkbox(first[1], label="chat message", elem_id="pg-chat",
                                  info="wrap the prompt in the model's chat template")}
+    parts["mode"], parts["spec"] = structured.create_control("pg")
     with gr.Row():
         parts["run"] = gr.Button("Generate", variant="primary", elem_id="pg-generate")
         parts["stop"] = gr.Button("Stop", variant="stop", elem_id="pg-stop")
     parts["canvas"] = widgets.canvas("pg-canvas")
-    widgets.legend()
+    widgets.legend(structured=True)
     parts["gauges"] = widgets.gauges("pg-gauges")
     parts["answer"] = gr.Textbox(label="answer (committed prefix)", lines=3, interactive=False,
                               elem_id="pg-answer")
@@ -314,7 +323,8 @@ def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: l
     parts["run"].click(clear_replay, None, [traj_state, *charts], queue=False,
                        api_visibility="private", show_progress="hidden")
     event = parts["run"].click(
-        make_generate(slot), [parts["prompt"], parts["as_chat"], *controls],
+        make_generate(slot), [parts["prompt"], parts["as_chat"], *controls, parts["mode"],
+                              parts["spec"]],
         [parts["canvas"], parts["answer"], parts["gauges"], parts["summary"], traj_state],
         api_name="generate", concurrency_id="engine", concurrency_limit=slot.concurrency,
         show_progress="hidden")

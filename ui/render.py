@@ -64,18 +64,22 @@ def confidence_level(conf: float | None) -> float:
 
 
 CELL_FIELDS = ("k", "b", "o", "h", "t")
+FORCED_NOTE = "written by the grammar (no forward chose it)"
+FRONTIER_NOTE = "frontier: the grammar's token mask applies here next"
 
 
 def cell(kind: str, text: str, conf: float | None, pos: int, block_length: int,
          active_block: int | None, block: int | None = None, start: bool | None = None,
-         was: Sequence[str] = ()) -> str:
+         was: Sequence[str] = (), forced: bool = False, frontier: bool = False) -> str:
     """One canvas cell as a tab-separated string (kind classes, block classes, opacity, hover,
     label). Strings, not dicts: the browser keeps each update's value in reactive state, and
     plain strings cost a fraction of objects there. The label is escaped and has no tabs; the
     hover is plain text without tabs (set as the title). ``block``/``start`` (the cell's
     block and whether it opens it) default to blocks of ``block_length``; a block-causal run
     passes its model's blocks. ``was``: the texts token editing replaced (class ``edit``); a
-    DRAFT cell shows a token the sampler has not accepted yet."""
+    DRAFT cell shows a token the sampler has not accepted yet. Structured output:
+    ``forced`` marks a committed token the grammar wrote (class ``forced``), ``frontier``
+    the masked position its token mask applies to next (class ``front``)."""
     if block is None:
         block = pos // max(block_length, 1)
     if start is None:
@@ -96,6 +100,12 @@ def cell(kind: str, text: str, conf: float | None, pos: int, block_length: int,
         hover += ", " + edit_note(was, text)
     if kind == DRAFT:
         hover += f", draft (not accepted yet): \"{visible(text)}\""
+    if forced and kind in (NEW, OLD):
+        k += " forced"
+        hover += ", " + FORCED_NOTE
+    if frontier and kind == MASK:
+        k += " front"
+        hover += ", " + FRONTIER_NOTE
     return "\t".join((k, b, f"{0.3 + 0.7 * level:.2f}", hover, label))
 
 
@@ -121,16 +131,28 @@ def canvas_cells(traj: Trajectory, step: int | None = None, live: bool = False
     infill's end-of-text padding) are left out: they are not part of the text."""
     record = traj.record_at(traj.num_steps if step is None else step)
     active = record.block if (live and record and not traj.finished) else None
+    states = traj.cells_at(step)
+    forced = traj.forced_at(step)
+    front = frontier(states) if traj.structured else None
     return [lead_cell(text) for text in traj.lead] + [
         cell(kind, text, conf, pos, traj.block_length, active, traj.block_of(pos),
-             traj.starts_block(pos), was)
-        for pos, (kind, text, conf, was) in enumerate(traj.cells_at(step))
+             traj.starts_block(pos), was, pos in forced, pos == front)
+        for pos, (kind, text, conf, was) in enumerate(states)
         if not (kind == PINNED and text == "")]
 
 
-def masked_cells(gen_length: int, block_length: int) -> list[str]:
-    """The canvas before the first step: every position masked."""
-    return [cell(MASK, "", None, pos, block_length, 0) for pos in range(gen_length)]
+def frontier(states: Sequence[tuple[Any, ...]]) -> int | None:
+    """The leftmost masked position of a canvas (``Trajectory.cells_at``): under a grammar,
+    the one the next step constrains and always commits. None when nothing is masked."""
+    return next((pos for pos, state in enumerate(states) if state[0] == MASK), None)
+
+
+def masked_cells(gen_length: int, block_length: int, structured: bool = False
+                 ) -> list[str]:
+    """The canvas before the first step: every position masked (under a grammar,
+    ``structured``, the first one is the frontier)."""
+    return [cell(MASK, "", None, pos, block_length, 0, frontier=structured and pos == 0)
+            for pos in range(gen_length)]
 
 
 def canvas_text(traj: Trajectory, step: int | None = None) -> str:
@@ -230,6 +252,9 @@ def run_summary(traj: Trajectory) -> str:
         return ""
     edits = sum(len(rec.edited) for rec in traj.steps)
     edited = f" · {edits} token{'s' if edits != 1 else ''} edited" if edits else ""
+    forced = traj.forced_count()
+    if forced:
+        edited += f" · {forced} written by the grammar"
     return (f"**{r['finish_reason']}** · {r['usage']['completion_tokens']} tokens in "
             f"{r['steps']} steps{edited} · NFE {r['nfe']} · {r['tokens_per_forward']:.2f} "
             f"tokens/forward · {r['tokens_per_s']:.1f} tokens/s · seed {r['seed']}")
@@ -263,6 +288,8 @@ def replay_caption(traj: Trajectory, step: int) -> str:
     edits = traj.edits_at(step)
     edited = f" ({edits} of them edited)" if edits else ""
     drafts = f" · {len(rec.draft)} draft tokens" if rec.step == step and rec.draft else ""
+    if rec.step == step and rec.forced:
+        drafts += f" · {len(rec.forced)} written by the grammar"
     return (f"step {step} of {traj.num_steps} · block {rec.block} · {fresh} committed this "
             f"step{edited}{drafts} · NFE {rec.nfe} · {rec.elapsed:.2f} s")
 

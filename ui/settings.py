@@ -149,9 +149,11 @@ def _as_int(name: str, value: Any) -> Any:
     return value
 
 
-def build_params(base: GenerationParams, values: Sequence[Any] | dict[str, Any]
-                 ) -> GenerationParams:
-    """GenerationParams from widget values (FIELDS order or a mapping) over ``base``.
+def build_params(base: GenerationParams, values: Sequence[Any] | dict[str, Any],
+                 structured: tuple[str, str] | None = None) -> GenerationParams:
+    """GenerationParams from widget values (FIELDS order or a mapping) over ``base``, and
+    ``structured`` (the Structured control's (kind, spec); None: ``base``'s, which a model's
+    defaults leave unset).
 
     steps 0 or empty means "one token per step" (None); seed -1 or empty means random (None).
     Raises ValueError with GenerationParams' message for an invalid combination.
@@ -170,4 +172,6 @@ def build_params(base: GenerationParams, values: Sequence[Any] | dict[str, Any]
         changes["steps"] = None
     if changes.get("seed") in (-1, None, ""):
         changes["seed"] = None
+    if structured is not None:
+        changes["structured"] = structured
     return GenerationParams.from_dict(changes, base=base)

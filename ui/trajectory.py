@@ -38,6 +38,7 @@ class StepRecord:
     draft: list[int] = field(default_factory=list)    # positions holding a draft token
     draft_tokens: list[int] = field(default_factory=list)
     draft_texts: list[str] = field(default_factory=list)
+    forced: list[int] = field(default_factory=list)   # of ``committed``: the grammar wrote
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Trajectory:
         self.steps.append(StepRecord(
             ev.step, ev.block, ev.nfe, ev.elapsed, list(ev.committed), list(ev.confidences),
             tokens, ev.text, len(ev.canvas), list(ev.edited), list(texts), draft,
-            draft_tokens, token_text(draft_tokens) if draft else []))
+            draft_tokens, token_text(draft_tokens) if draft else [], list(ev.forced)))
 
     def _first_event(self, ev: StepEvent, token_text: TokenText,
                      decode: Decode | None) -> None:
@@ -116,6 +117,11 @@ class Trajectory:
     @property
     def finished(self) -> bool:
         return self.result is not None
+
+    @property
+    def structured(self) -> bool:
+        """The run decoded under a grammar (GenerationParams.structured was set)."""
+        return bool(self.params.get("structured"))
 
     def block_of(self, pos: int) -> int:
         """The block ``pos`` lies in: the model's blocks of a block-causal run, else blocks of
@@ -182,6 +188,22 @@ class Trajectory:
             else:
                 cells.append((SKIPPED if ended else MASK, "", None, ()))
         return cells
+
+    def forced_at(self, step: int | None = None) -> set[int]:
+        """Positions whose token, as of ``step`` (None = the latest), the grammar wrote
+        without the model choosing it (structured output's jump-forward)."""
+        last = self.num_steps if step is None else step
+        forced: set[int] = set()
+        for rec in self.steps:
+            if rec.step > last:
+                break
+            forced.difference_update(rec.committed)
+            forced.update(rec.forced)
+        return forced
+
+    def forced_count(self) -> int:
+        """Tokens of the whole run the grammar wrote."""
+        return sum(len(rec.forced) for rec in self.steps)
 
     def state_at(self, step: int | None = None) -> list[tuple[str, str, float | None]]:
         """(kind, text, confidence) per position (``cells_at`` without the replaced texts)."""

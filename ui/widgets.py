@@ -58,8 +58,13 @@ LEGEND = ('<div class="cv-legend"><span class="tk mask">&#9617;&#9617;</span> ma
           '<span class="tk new edit">edit</span> edited (replaced a token) '
           '<span class="tk draft">draft</span> draft, not accepted yet '
           '<span class="tk pin">pinned</span> pinned (infill) '
-          '<span class="tk skip">&middot;</span> not needed &nbsp;&middot;&nbsp; opacity = '
-          'confidence &nbsp;&middot;&nbsp; alternating tint / bar = block boundary</div>')
+          '<span class="tk skip">&middot;</span> not needed{structured} &nbsp;&middot;&nbsp; '
+          'opacity = confidence &nbsp;&middot;&nbsp; alternating tint / bar = block '
+          'boundary</div>')
+# the cells of a run under a grammar (structured output)
+STRUCTURED_LEGEND = (' <span class="tk old forced">&#123;&quot;</span> written by the grammar '
+                     '<span class="tk mask front">&#9617;&#9617;</span> frontier (structured '
+                     'output: the grammar constrains it next)')
 
 
 def canvas(elem_id: str, placeholder: str = "Press Generate: masks appear here and turn "
@@ -74,8 +79,13 @@ def gauges(elem_id: str) -> gr.HTML:
                    apply_default_css=False, elem_id=elem_id)
 
 
-def legend() -> gr.HTML:
-    return gr.HTML(LEGEND, js_on_load=None, apply_default_css=False)
+def legend(structured: bool = False) -> gr.HTML:
+    """The canvas legend; ``structured``: with the cells of a run under a grammar."""
+    return gr.HTML(legend_html(structured), js_on_load=None, apply_default_css=False)
+
+
+def legend_html(structured: bool = False) -> str:
+    return LEGEND.format(structured=STRUCTURED_LEGEND if structured else "")
 
 
 def block_info(block_size: int | None = None) -> str:
