@@ -171,8 +171,10 @@ def _header(name: str, kind: str, config: dict[str, Any], log: dict[str, Any],
         + ("masked-diffusion" if kind == "diffusion" else "autoregressive") + ", tiny]", "---",
         "", f"# {name}", "",
         ("A tiny masked diffusion language model (LLaDA-style, bidirectional, Dream-style shifted "
-         "logits) trained by Celeris itself, offline, on generated data. It is the default model "
-         "of the Celeris engine and playground." if kind == "diffusion" else
+         "logits) trained by Celeris itself, offline, on generated data. It is Celeris's "
+         "full-attention model: it denoises one canvas and can infill (`--model "
+         "models/celeris-tiny`; the Infill tab uses it). The default model is the "
+         "block-diffusion `celeris-tiny-bd`." if kind == "diffusion" else
          "The autoregressive twin of the default model `celeris-tiny-bd`: same size, "
          "tokenizer and corpus, next-token objective. `celeris-tiny-bd` is adapted from the "
          "last stage of the recipe below (and `celeris-tiny` from an early one); the bench and "
