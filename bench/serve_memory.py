@@ -15,14 +15,18 @@ from __future__ import annotations
 import argparse
 import ctypes
 import random
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import torch
 
-import celeris
-from celeris.request_params import request_params
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import celeris  # noqa: E402
+from celeris.request_params import request_params  # noqa: E402
 
 WORDS = ("Once upon a time there was a little cat who liked to play in the garden with a red "
          "ball").split()
