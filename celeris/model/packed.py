@@ -14,7 +14,14 @@ This path computes the same function with
   residual adds fused into the output and down products;
 - rotary embeddings as ``x * cos + roll(x) * sin'`` on the q and k heads of the fused
   projection instead of slicing, negating and concatenating;
-- no ``nn.Module`` dispatch below the model.
+- no ``nn.Module`` dispatch below the model;
+- the row count of every product rounded up to one of a few sizes (``bucket_rows``): oneDNN
+  and ideep keep a compiled kernel per distinct shape in caches of 1024 entries, ~0.6 MB each,
+  and the rows of a step (the real columns of a batch of windows) take hundreds of values
+  under varied traffic: a full-attention engine grew by 530 MB in 3 rounds of 25 batches
+  (docs/BENCHMARKS.md, "Serving"), a server by 1.4 GB, until the caches filled.
+  Bucketed, a few dozen shapes cover every step; the zero rows added stay zero and are
+  dropped before attention and at the end.
 
 Only inference uses it (no gradients, no CPU autocast: ``applies``) and only once packed
 (``CelerisForMaskedDiffusion.pack_for_inference``, which the engine calls on CPU for models up
@@ -73,6 +80,23 @@ def onednn_supports(dtype: torch.dtype) -> bool:
     except RuntimeError:
         return False
     return True
+
+
+EXACT_ROWS = 16     # row counts up to this run as they are (a decode step's few columns)
+ROWS_PER_OCTAVE = 8  # above it, this many sizes per doubling: at most 1/8 of the rows padding
+
+
+def bucket_rows(n: int) -> int:
+    """``n`` rounded up to the next product row count the packed path runs: n itself up to
+    ``EXACT_ROWS``, then multiples of 2**k / ROWS_PER_OCTAVE within [2**k, 2**(k+1)) (18, 20,
+    ..., 32, 36, 40, ...). Rows up to R then take at most 16 + 8 log2(R / 16) shapes (64 up to
+    1024) instead of R, so the kernels' caches stay small whatever the traffic. (4 sizes per
+    doubling held 20-40 MB less but padded up to 1/4 of the rows, ~6% more CPU time on the
+    full-attention serving workload.)"""
+    if n <= EXACT_ROWS:
+        return n
+    step = 1 << (n.bit_length() - 1 - (ROWS_PER_OCTAVE.bit_length() - 1))
+    return -(-n // step) * step
 
 
 ROWS_HINT = 8       # oneDNN's reorder takes a row count to tune for; 1-64 measured alike
@@ -172,7 +196,9 @@ class PackedWeights:
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """The LM head over h (..., C)."""
         lead = h.shape[:-1]
-        return self.products.mm(h.reshape(-1, h.shape[-1]), self.head).view(*lead, -1)
+        x = h.reshape(-1, h.shape[-1])
+        rows = x.shape[0]
+        return self.products.mm(pad_rows(x, bucket_rows(rows)), self.head)[:rows].view(*lead, -1)
 
 
 def packable(config: Any) -> bool:
@@ -209,10 +235,13 @@ def packed_layers(w: PackedWeights, h: torch.Tensor, cos: torch.Tensor, sin_s: t
     lead, C = h.shape[:-1], h.shape[-1]
     mm, mm_add = w.products.mm, w.products.mm_add
     x = h.reshape(-1, C)                                                     # (R, C)
+    R = x.shape[0]
+    padded = bucket_rows(R)     # products run on zero rows up to a bucketed count (few shapes)
+    x = pad_rows(x, padded)                                                  # (R', C)
     shape = (*lead, H + 2 * Hkv, D)
     for layer, p in enumerate(w.layers):
         a = F.rms_norm(x, (C,), p.ln1, w.eps)
-        qkv = mm(a, p.qkv, p.qkv_bias).view(shape)                           # (., H+2Hkv, D)
+        qkv = mm(a, p.qkv, p.qkv_bias)[:R].view(shape)                       # (., H+2Hkv, D)
         if p.q_norm is not None:
             q = F.rms_norm(qkv[..., :H, :], (D,), p.q_norm, w.eps)
             k = F.rms_norm(qkv[..., H:H + Hkv, :], (D,), p.k_norm, w.eps)
@@ -231,11 +260,16 @@ def packed_layers(w: PackedWeights, h: torch.Tensor, cos: torch.Tensor, sin_s: t
                                              enable_gqa=Hkv != H).transpose(1, 2)
         if real is not None:
             out = out[real]
-        x = mm_add(out.reshape(-1, H * D), p.o, x)                          # residual fused
+        x = mm_add(pad_rows(out.reshape(-1, H * D), padded), p.o, x)       # residual fused
         a = F.rms_norm(x, (C,), p.ln2, w.eps)
         gate, up = mm(a, p.gate_up).chunk(2, dim=-1)
         x = mm_add(F.silu(gate).mul_(up), p.down, x)
-    return F.rms_norm(x, (C,), w.norm, w.eps).view(*lead, C)
+    return F.rms_norm(x[:R], (C,), w.norm, w.eps).view(*lead, C)
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """x (R, K) with zero rows appended up to ``rows`` (x itself when R == rows)."""
+    return x if x.shape[0] == rows else F.pad(x, (0, 0, 0, rows - x.shape[0]))
 
 
 def unpack_rows(t: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
