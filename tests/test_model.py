@@ -194,7 +194,7 @@ def test_cli_reports_a_bad_model_path_without_traceback(tmp_path):
                            str(tmp_path / "missing"), "--prompt", "hi"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert proc.returncode == 2
-    assert "error: model directory not found" in proc.stderr
+    assert f"error: --model {tmp_path / 'missing'}: no such local directory" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
