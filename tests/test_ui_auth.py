@@ -73,7 +73,7 @@ def test_with_the_key_the_playground_answers(keyed):
 
     with login(keyed, KEY) as client:
         assert client.get("/config").status_code == 200
-        body = {"data": ["hello", False, *SETTINGS], "fn_index": next(
+        body = {"data": ["hello", False, *SETTINGS, "off", ""], "fn_index": next(
             d["id"] for d in endpoints(keyed) if d.get("api_name") == "generate"),
             "session_hash": "ok", "event_data": None, "trigger_id": None}
         assert client.post("/gradio_api/queue/join", json=body).status_code == 200
@@ -225,7 +225,7 @@ def test_a_value_an_input_cannot_take_is_a_plain_error_and_one_log_line(keyed, c
     caplog.set_level("INFO")
     capfd.readouterr()
     with login(keyed, KEY) as client:
-        data = [SECRET, False, "not a number", *SETTINGS[1:]]
+        data = [SECRET, False, "not a number", *SETTINGS[1:], "off", ""]
         event = client.post("/gradio_api/call/generate", json={"data": data}).json()["event_id"]
         with client.stream("GET", f"/gradio_api/call/generate/{event}") as stream:
             lines = [line for line in stream.iter_lines() if line.startswith("data:")]
