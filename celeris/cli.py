@@ -20,7 +20,9 @@ from .hints import missing_model_dir, port_problem
 # (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
 _GENERATION_OPTIONS: tuple[tuple[str, str, Callable[[str], Any], str], ...] = (
     ("--gen-length", "gen_length", int, "answer canvas length in tokens"),
-    ("--steps", "steps", int, "denoising steps over the whole canvas"),
+    ("--steps", "steps", int,
+     "denoising steps over the whole answer: 0 = one token a step, else a multiple of "
+     "the number of blocks"),
     ("--block-length", "block_length", int, "semi-autoregressive block size"),
     ("--temperature", "temperature", float,
      "0 = greedy; > 0 (at most 2) samples with Gumbel noise"),
@@ -112,13 +114,14 @@ def _format_value(value: Any) -> str:
 # ----------------------------------------------------------------------- generate
 def cmd_generate(args: argparse.Namespace) -> int:
     from celeris import Engine
+    from celeris.request_params import request_params
 
     try:
         options = {"compile": True} if args.compile else {}
         options.update(big_model_options(args))
         engine = Engine.from_pretrained(args.model, device=args.device, dtype=args.dtype,
                                         **options)
-        params = engine.default_params().replace(**generation_overrides(args))
+        params = request_params(generation_overrides(args), engine.default_params())
         prompt: Any = args.prompt
         if args.chat:
             prompt = [{"role": "user", "content": args.prompt}]

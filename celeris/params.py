@@ -16,11 +16,10 @@ REMASKINGS = ("low_confidence", "margin", "entropy", "random")
 CACHES = ("none", "prefix", "dual")
 FIRST_TOKENS = ("policy", "greedy")
 CONFIDENCE_DTYPES = ("float32", "model")
-STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_STRUCTURED_SPEC = 100_000
 
 MAX_GEN_LENGTH = 4096
-MAX_STEPS = 4096
 MAX_TEMPERATURE = 2.0     # OpenAI's range; the UI slider's too
 MAX_CFG_SCALE = 20.0
 MAX_STOP_STRINGS = 8
@@ -44,10 +43,12 @@ class GenerationParams:
     block_length: semi-autoregressive block size; blocks are denoised left to right. For a
                   block-causal model it is the sub-block (Fast-dLLM v2): a divisor of the
                   model's block size, committed left to right inside each model block.
-    steps:        denoising steps over the whole canvas for ``decoding="fixed"`` and
-                  ``"dynamic"``, split evenly across blocks (LLaDA's linear schedule). None =
-                  gen_length (one token a step). For the other decodings it is the cap on
-                  steps per block times blocks.
+    steps:        one meaning on every surface (UI, CLI, API, batch) and for every family:
+                  the denoising steps over the whole answer (gen_length rounded up to whole
+                  blocks), split evenly across its blocks (LLaDA's linear schedule) for
+                  ``decoding="fixed"`` and ``"dynamic"``; for the other decodings, the cap on
+                  steps per block times blocks. 0 or None = one token a step. Otherwise a
+                  multiple of the number of blocks, at most the rounded-up gen_length.
     temperature:  0 = greedy; > 0 adds Gumbel noise computed in float64 (LLaDA, sec. B.3).
     top_p/top_k:  nucleus / top-k filtering of the logits before sampling (1.0 / 0 = off).
     decoding:     "fixed" (reference), "threshold" (commit every position with confidence >=
@@ -85,7 +86,8 @@ class GenerationParams:
     structured:   constrained decoding, None when off: (kind, spec) with kind one of
                   STRUCTURED_KINDS: "json" (spec: a JSON schema, as JSON text), "json_object"
                   (any JSON object; spec ""), "regex", "choice" (spec: a JSON list of strings)
-                  or "grammar" (EBNF). The answer read left to right is always a prefix the
+                  "grammar" (EBNF) or "structural_tag" (xgrammar's structural tag, as JSON
+                  text: tool calls are decoded under one). The answer read left to right is always a prefix the
                   grammar accepts, and it ends at the grammar's end (sampler/grammar.py).
     """
 
@@ -113,6 +115,8 @@ class GenerationParams:
     structured: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
+        if self.steps == 0 and not isinstance(self.steps, bool):
+            object.__setattr__(self, "steps", None)      # 0 = one token a step
         if isinstance(self.structured, list):
             object.__setattr__(self, "structured", tuple(self.structured))
         if isinstance(self.stop, str):
@@ -201,14 +205,7 @@ def _validate(p: GenerationParams) -> None:
     _check_int("gen_length", p.gen_length, 1, MAX_GEN_LENGTH)
     _check_int("block_length", p.block_length, 1, MAX_GEN_LENGTH)
     if p.steps is not None:
-        _check_int("steps", p.steps, 1, MAX_STEPS)
-        blocks = p.num_blocks
-        if p.steps % blocks:
-            raise ValueError(f"steps ({p.steps}) must be a multiple of the number of blocks "
-                             f"ceil(gen_length/block_length) = {blocks}")
-        if p.steps > p.canvas_length:
-            raise ValueError(f"steps ({p.steps}) must be at most gen_length rounded up to "
-                             f"whole blocks ({p.canvas_length})")
+        _check_steps(p)
     _check_float("temperature", p.temperature, 0.0, MAX_TEMPERATURE)
     _check_float("top_p", p.top_p, 0.0, 1.0, lo_open=True)
     _check_int("top_k", p.top_k, 0, 1_000_000)
@@ -238,6 +235,19 @@ def _validate(p: GenerationParams) -> None:
     _check_choice("confidence_dtype", p.confidence_dtype, CONFIDENCE_DTYPES)
     if p.structured is not None:
         _check_structured(p)
+
+
+def _check_steps(p: GenerationParams) -> None:
+    """The one explanation of ``steps`` every surface shows (numbers from this request)."""
+    steps, blocks, canvas = p.steps, p.num_blocks, p.canvas_length
+    fits = isinstance(steps, int) and not isinstance(steps, bool) and 1 <= steps <= canvas \
+        and steps % blocks == 0
+    if not fits:
+        raise ValueError(
+            f"steps must be 0 (one token a step) or a multiple of the number of blocks "
+            f"({blocks} = gen_length {p.gen_length} / block_length {p.block_length}, rounded "
+            f"up) and at most {canvas}: it counts denoising steps over the whole answer; "
+            f"got {steps!r}")
 
 
 def _check_structured(p: GenerationParams) -> None:

@@ -16,15 +16,14 @@ from .params import MAX_GEN_LENGTH, GenerationParams
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
-def request_params(fields: Mapping[str, Any], defaults: GenerationParams,
-                   block_causal: bool = False) -> GenerationParams:
+def request_params(fields: Mapping[str, Any], defaults: GenerationParams) -> GenerationParams:
     """GenerationParams for one request: ``defaults`` overridden by ``fields``.
 
     ``fields`` holds GenerationParams names plus ``max_tokens`` / ``max_completion_tokens``;
     a None value means "not given". When the length changes and ``steps`` is not given, the
     default steps are scaled so each step still commits about as many tokens as by default.
-    For a block-causal model (``block_causal``) max_tokens is only a cap, so a given ``steps``
-    means steps per (sub-)block. Raises ValueError naming the field.
+    A given ``steps`` means what it means everywhere (GenerationParams: steps over the whole
+    answer, for every family). Raises ValueError naming the field.
     """
     changes = {k: v for k, v in fields.items() if v is not None and k not in LENGTH_FIELDS}
     cap = max_tokens(fields)
@@ -35,27 +34,10 @@ def request_params(fields: Mapping[str, Any], defaults: GenerationParams,
         changes["gen_length"] = cap
     if isinstance(changes.get("stop"), str):
         changes["stop"] = (changes["stop"],)
-    if block_causal and "steps" in changes:
-        changes["steps"] = steps_per_block(changes, defaults)
-    elif "gen_length" in changes and "steps" not in changes:
+    if "gen_length" in changes and "steps" not in changes:
         block = changes.get("block_length", defaults.block_length)
         changes["steps"] = scaled_steps(defaults, changes["gen_length"], block)
     return GenerationParams.from_dict(changes, defaults)
-
-
-def steps_per_block(changes: Mapping[str, Any], defaults: GenerationParams) -> Any:
-    """A block-causal request's ``steps`` (per sub-block) as GenerationParams' total over
-    the cap's sub-blocks; refused in those terms when it does not fit one sub-block."""
-    steps = changes["steps"]
-    block = changes.get("block_length", defaults.block_length)
-    length = changes.get("gen_length", defaults.gen_length)
-    if not (_positive_int(block) and _positive_int(length)) or isinstance(steps, bool) \
-            or not isinstance(steps, int):
-        return steps                   # GenerationParams names what is wrong
-    if not 1 <= steps <= block:
-        raise ValueError(f"steps is per block for a block-causal model: it must be in "
-                         f"[1, {block}] (the block_length), got {steps}")
-    return steps * math.ceil(length / block)
 
 
 def max_tokens(fields: Mapping[str, Any]) -> int | None:

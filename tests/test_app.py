@@ -119,7 +119,8 @@ def test_invalid_settings_are_a_clear_error_and_the_app_keeps_working(client):
 
     bad = list(SETTINGS)
     bad[0] = 5         # steps 5 over the 4 blocks of 8 in gen_length 32
-    with pytest.raises(AppError, match="must be a multiple of the number of blocks"):
+    with pytest.raises(AppError, match=r"steps must be 0 \(one token a step\) or a multiple of "
+                                      r"the number of blocks \(4 = gen_length 32"):
         client.predict(PROMPT, False, *bad, api_name="/generate")
     with pytest.raises(AppError, match="Type a prompt first"):
         client.predict("   ", False, *SETTINGS, api_name="/generate")

@@ -195,7 +195,7 @@ def test_invalid_settings_show_a_toast_and_the_app_keeps_working(page):
     box.fill("6")                                   # typed off the slider's grid of 4 blocks
     box.press("Enter")
     page.click("#pg-generate")
-    expect(page.get_by_text("must be a multiple of the number of blocks").first).to_be_visible()
+    expect(page.get_by_text("or a multiple of the number of blocks").first).to_be_visible()
     expect(state(page)).to_have_text("error")
     set_number(page, "pg-steps", 0)
     page.click("#pg-generate")

@@ -14,9 +14,14 @@ from celeris import EngineConfig, GenerationParams
     ({"gen_length": 2.5}, r"gen_length must be an integer"),
     ({"gen_length": True}, r"gen_length must be an integer"),
     ({"gen_length": 100, "block_length": 32, "steps": 3},
-     r"steps \(3\) must be a multiple of the number of blocks ceil\(gen_length/block_length\) = 4"),
-    ({"steps": 3}, r"steps \(3\) must be a multiple of the number of blocks"),
-    ({"steps": 256}, r"steps \(256\) must be at most gen_length rounded up to whole blocks \(128\)"),
+     r"steps must be 0 \(one token a step\) or a multiple of the number of blocks \(4 = "
+     r"gen_length 100 / block_length 32, rounded up\) and at most 128: it counts denoising "
+     r"steps over the whole answer; got 3"),
+    ({"steps": 3}, r"multiple of the number of blocks \(4 = .*; got 3$"),
+    ({"steps": 256}, r"and at most 128: .*; got 256$"),
+    ({"steps": -1}, r"steps must be 0 .*; got -1$"),
+    ({"steps": 2.5}, r"steps must be 0 .*; got 2.5$"),
+    ({"steps": True}, r"steps must be 0 .*; got True$"),
     ({"temperature": math.nan}, r"temperature must be a finite number in \[0.0, 2.0\]"),
     ({"temperature": math.inf}, r"temperature must be a finite number"),
     ({"temperature": -0.1}, r"temperature must be in \[0.0, 2.0\], got -0.1"),
@@ -39,6 +44,7 @@ def test_defaults_are_valid_and_derived_values_follow_llada():
     p = GenerationParams(gen_length=256, block_length=32, steps=64)
     assert (p.num_blocks, p.steps_per_block) == (8, 8)
     assert GenerationParams(gen_length=64).total_steps == 64   # steps=None: one token a step
+    assert GenerationParams(gen_length=64, steps=0) == GenerationParams(gen_length=64)
 
 
 def test_gen_length_is_a_cap_and_the_canvas_rounds_up_to_whole_blocks():

@@ -100,27 +100,59 @@ def test_max_tokens_5_gives_exactly_5_tokens_in_a_batch_job(model_dir, tmp_path)
     assert body["choices"][0]["finish_reason"] == "length"
 
 
-def test_block_causal_steps_are_per_block_and_refused_in_those_terms():
-    from celeris.request_params import request_params
+STEPS_5_OVER_3_BLOCKS = ("steps must be 0 (one token a step) or a multiple of the number of "
+                         "blocks (3 = gen_length 12 / block_length 4, rounded up) and at most "
+                         "12: it counts denoising steps over the whole answer; got 5")
+
+
+def test_steps_mean_steps_over_the_answer_for_a_block_causal_model_too():
     base = GenerationParams(gen_length=256, block_length=4, steps=None)
-    p = request_params({"steps": 2}, base, block_causal=True)
-    assert p.steps == 2 * 64 and p.steps_per_block == 2          # 64 sub-blocks of 4 under the cap
-    assert request_params({"steps": 4, "max_tokens": 10}, base, True).steps_per_block == 4
-    with pytest.raises(ValueError, match=r"steps is per block for a block-causal model: it "
-                                         r"must be in \[1, 4\] \(the block_length\), got 8"):
-        request_params({"steps": 8}, base, block_causal=True)
-    with pytest.raises(ValueError, match="multiple of the number of blocks"):
-        request_params({"steps": 4}, base)                         # full attention: total steps
+    p = request_params({"steps": 128}, base)
+    assert p.steps == 128 and p.steps_per_block == 2             # 64 sub-blocks of 4
+    assert request_params({"steps": 0}, base).steps is None      # 0 = one token a step
+    with pytest.raises(ValueError) as exc:
+        request_params({"steps": 5, "max_tokens": 12}, base)
+    assert str(exc.value) == STEPS_5_OVER_3_BLOCKS
 
 
-def test_the_server_takes_steps_per_block_from_a_block_model(tmp_path):
+def test_steps_read_and_refuse_the_same_on_api_cli_and_batch(tmp_path, capsys):
+    """One meaning and one message for steps on a block-causal model: the API, a real CLI
+    subprocess and a batch line refuse steps 5 over 3 blocks with the same sentence, and take
+    0 (one token a step) and 6 (two a step)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     model = make_tiny_model_dir(tmp_path / "bd", attention="block_causal", block_size=4,
-                                generation_defaults={"gen_length": 64})
+                                generation_defaults={"gen_length": 64, "block_length": 4})
     engine = celeris.Engine.from_pretrained(model, device="cpu")
+    ask = {"prompt": "x", "max_tokens": 12, "suppress_eos": True}
     with live_server(create_app(engine, warmup=False)) as url:
-        ok = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "steps": 4,
-                                                        "max_tokens": 12, "suppress_eos": True})
-        bad = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "steps": 5})
-    assert ok.status_code == 200, ok.text
-    assert ok.json()["usage"]["completion_tokens"] == 12
-    assert bad.status_code == 400 and "steps is per block" in bad.json()["error"]["message"]
+        answers = {s: httpx.post(f"{url}/v1/completions", json={**ask, "steps": s})
+                   for s in (0, 6, 5)}
+    assert answers[0].status_code == answers[6].status_code == 200, answers[0].text
+    assert answers[0].json()["usage"]["completion_tokens"] == 12
+    bad = answers[5]
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "steps"
+    assert bad.json()["error"]["message"] == STEPS_5_OVER_3_BLOCKS
+
+    root = Path(__file__).resolve().parents[1]
+    run = [sys.executable, "-m", "celeris", "generate", "--model", str(model), "--device",
+           "cpu", "--prompt", "x", "--gen-length", "12", "--block-length", "4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    cli_bad = subprocess.run([*run, "--steps", "5"], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=120)
+    cli_ok = subprocess.run([*run, "--steps", "0", "--json"], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert cli_bad.returncode == 2 and STEPS_5_OVER_3_BLOCKS in cli_bad.stderr
+    assert "Traceback" not in cli_bad.stderr
+    assert cli_ok.returncode == 0, cli_ok.stderr
+    done = json.loads(cli_ok.stdout)
+    assert done["steps"] >= 1 and len(done["token_ids"]) <= 12
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", **ask, "steps": 5}) + "\n")
+    assert cli.main(["batch", str(src), "--output", str(tmp_path / "out.jsonl"),
+                     "--model", str(model), "--device", "cpu"]) != 0
+    assert STEPS_5_OVER_3_BLOCKS in capsys.readouterr().err

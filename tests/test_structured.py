@@ -56,9 +56,8 @@ def engine(request):
 
 
 def _params(engine, structured, max_tokens=96, **fields):
-    block = engine.block_causal
-    return request_params({"max_tokens": max_tokens, **fields}, engine.default_params(),
-                          block).replace(structured=structured)
+    return request_params({"max_tokens": max_tokens, **fields}, engine.default_params()
+                          ).replace(structured=structured)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))

@@ -141,7 +141,7 @@ def test_edit_threshold_is_validated_naming_the_field():
     with pytest.raises(ValueError, match=r"max_post_edit_steps must be in \[0, 256\]"):
         GenerationParams(max_post_edit_steps=-1)
     with pytest.raises(ValueError, match="edit_threshold"):
-        request_params({"edit_threshold": "high"}, GenerationParams(), block_causal=True)
+        request_params({"edit_threshold": "high"}, GenerationParams())
 
 
 def test_full_attention_models_refuse_token_editing():

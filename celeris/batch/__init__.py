@@ -173,8 +173,7 @@ def _make_runner(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
 
 def _validate(input_path: Path, runner: Any, base: Any, skip_invalid: bool
               ) -> tuple[list[Job], list[Invalid], int]:
-    jobs, invalid, total = read_jobs(input_path, base, runner.check,
-                                     getattr(runner, "block_causal", False))
+    jobs, invalid, total = read_jobs(input_path, base, runner.check)
     if invalid and not skip_invalid:
         listed = "\n  ".join(str(i) for i in invalid[:50])
         more = f"\n  ... and {len(invalid) - 50} more" if len(invalid) > 50 else ""

@@ -138,18 +138,16 @@ def _overrides(req: Any) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------- params
-def resolve_params(overrides: dict[str, Any], base: GenerationParams, custom_id: str,
-                   block_causal: bool = False) -> GenerationParams:
+def resolve_params(overrides: dict[str, Any], base: GenerationParams, custom_id: str
+                   ) -> GenerationParams:
     """GenerationParams for a line through the mapping the server uses (max_tokens is the
-    cap, never rounded; a block-causal model's steps are per block); the seed comes from the
-    id unless the line gives one."""
-    return request_params({"seed": stable_seed(custom_id), **overrides}, base, block_causal)
+    cap, never rounded); the seed comes from the id unless the line gives one."""
+    return request_params({"seed": stable_seed(custom_id), **overrides}, base)
 
 
 # ---------------------------------------------------------------------- the file
 def read_jobs(path: Path, base: GenerationParams,
-              check: Callable[[Job, GenerationParams], None] | None = None,
-              block_causal: bool = False) -> tuple[list[Job], list[Invalid], int]:
+              check: Callable[[Job, GenerationParams], None] | None = None) -> tuple[list[Job], list[Invalid], int]:
     """(valid jobs, invalid lines, total non-blank lines). ``check`` may reject a job with a
     ValueError (the engine's own tokenising/context check in local mode)."""
     jobs: list[Job] = []
@@ -161,14 +159,13 @@ def read_jobs(path: Path, base: GenerationParams,
             if not text.strip():
                 continue
             total += 1
-            result = _parse_line(number, text, base, first_line, check, block_causal)
+            result = _parse_line(number, text, base, first_line, check)
             (jobs if isinstance(result, Job) else invalid).append(result)
     return jobs, invalid, total
 
 
 def _parse_line(number: int, text: str, base: GenerationParams, first_line: dict[str, int],
-                check: Callable[[Job, GenerationParams], None] | None,
-                block_causal: bool = False) -> Job | Invalid:
+                check: Callable[[Job, GenerationParams], None] | None) -> Job | Invalid:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -187,7 +184,7 @@ def _parse_line(number: int, text: str, base: GenerationParams, first_line: dict
         cid, url, body = (_openai_line if openai else _simple_line)(obj)
         req = check_body(url, body)
         job = Job(number, cid, url, req.to_prompt(), _overrides(req), body, req.model)
-        params = resolve_params(job.overrides, base, cid, block_causal)
+        params = resolve_params(job.overrides, base, cid)
         if check is not None:
             check(job, params)
     except ValueError as exc:

@@ -77,7 +77,6 @@ class LocalRunner:
         self.engine = engine
         self.base = engine.default_params()
         self.model_name = engine.info()["model"]
-        self.block_causal = bool(getattr(engine, "block_causal", False))   # steps per block
 
     def check(self, job: Job, params: GenerationParams) -> None:
         """Validation hook: the model name as the server checks it, then tokenise and check
@@ -98,7 +97,7 @@ class LocalRunner:
         """One batch; when it fails, each job alone (a smaller batch), to find the one
         that fails or to fit in memory. A job that fails alone is an error outcome: the
         run goes on with the next one."""
-        params = [resolve_params(j.overrides, self.base, j.custom_id, self.block_causal)
+        params = [resolve_params(j.overrides, self.base, j.custom_id)
                   for j in jobs]
         try:
             results = self.engine.generate_batch(

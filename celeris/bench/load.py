@@ -130,8 +130,7 @@ def _pct(values: list[float], q: int) -> float | None:
 
 def _engine_sender(engine: Engine, reqs: Sequence[LoadRequest], max_tokens: int | None,
                    knobs: dict[str, Any]) -> Any:
-    params = request_params({**knobs, "max_tokens": max_tokens}, engine.default_params(),
-                            engine.block_causal)
+    params = request_params({**knobs, "max_tokens": max_tokens}, engine.default_params())
     chat = engine.tokenizer.has_chat_template
 
     def send(i: int) -> Sample:
