@@ -72,10 +72,16 @@ class Tokenizer:
         ``text`` stays text unless ``parse_special``."""
         return encode_text(self.hf, text, add_special_tokens, self.parse_special)
 
-    def encode_chat(self, messages: Messages) -> list[int]:
+    @property
+    def renders_tools(self) -> bool:
+        """The chat template lists ``tools`` itself (Qwen-style templates do)."""
+        template = getattr(self.hf, "chat_template", None)
+        return isinstance(template, str) and "tools" in template
+
+    def encode_chat(self, messages: Messages, tools: list[dict] | None = None) -> list[int]:
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; send a plain prompt instead")
-        return encode_messages(self.hf, messages, self.parse_special)
+        return encode_messages(self.hf, messages, self.parse_special, tools)
 
     def encode_prompt(self, prompt: str | Messages) -> list[int]:
         """A string is encoded as is; a list of {"role", "content"} dicts goes through the
@@ -119,18 +125,19 @@ def encode_text(hf: Any, text: str, add_special_tokens: bool = True,
                    split_special_tokens=not parse_special)["input_ids"])
 
 
-def encode_messages(hf: Any, messages: Messages, parse_special: bool = False) -> list[int]:
+def encode_messages(hf: Any, messages: Messages, parse_special: bool = False,
+                    tools: list[dict] | None = None) -> list[int]:
     """The chat template's ids for ``messages`` with the assistant turn opened. Content that
     spells a special token is encoded as text: the template is rendered around a stand-in
     for each content, its markup is tokenised as usual and each content as plain text."""
     messages = list(messages)
     spelled = [m for m in messages if _spells_special(hf, m.get("content"))]
     if parse_special or not spelled:
-        return _template_ids(hf, messages, tokenize=True)
+        return _template_ids(hf, messages, True, tools)
     nonce = secrets.token_hex(8)
     stand_ins = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
     markup = _template_ids(hf, [{**m, "content": s} for m, s in zip(messages, stand_ins)],
-                           tokenize=False)
+                           False, tools)
     pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", markup)   # markup, index, markup, ...
     ids: list[int] = []
     for k, piece in enumerate(pieces):
@@ -141,8 +148,10 @@ def encode_messages(hf: Any, messages: Messages, parse_special: bool = False) ->
     return ids
 
 
-def _template_ids(hf: Any, messages: list, tokenize: bool) -> Any:
-    out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize)
+def _template_ids(hf: Any, messages: list, tokenize: bool, tools: list[dict] | None = None
+                  ) -> Any:
+    out = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize,
+                                 tools=tools)
     if tokenize and (isinstance(out, dict) or hasattr(out, "keys")):
         out = out["input_ids"]
     return list(out) if tokenize else out

@@ -204,7 +204,10 @@ def _llada2_parameters(d: dict) -> dict[str, int]:
 def test_structured_suite_puts_constrained_beside_unconstrained_at_batch_1_and_16(bench_run):
     sec = bench_run.suites["structured"]
     rows = {(r["config"], r["batch"]): r for r in sec["rows"]}
+    tools = {k: rows.pop(k) for k in list(rows) if k[0].startswith("tool_choice")}
     assert set(rows) == {(c, b) for c in ("unconstrained", "constrained") for b in (1, 16)}
+    assert set(tools) <= {(f"tool_choice {c}", 16) for c in ("required", "get_weather", "add")}
+    assert all(r["valid_share"] in (None, 1.0) for r in tools.values())
     for batch in (1, 16):
         plain, constrained = rows["unconstrained", batch], rows["constrained", batch]
         assert plain["requests"] == constrained["requests"] == 16

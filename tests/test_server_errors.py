@@ -82,7 +82,7 @@ def test_non_finite_numbers_are_rejected_with_the_params_message(url, raw, param
     ({"max_tokens": 0}, "max_tokens", "max_tokens must be in [1, 255] for this model"),
     ({"max_tokens": 5000}, "max_tokens", "max_tokens must be in [1, 255] for this model"),
     ({"seed": -5}, "seed", "seed must be in"),
-    ({"steps": 3, "max_tokens": 16}, "steps", "steps (3) must be a multiple"),
+    ({"steps": 3, "max_tokens": 16}, "steps", "or a multiple of the number of blocks"),
     ({"decoding": "magic"}, "decoding", "decoding must be one of"),
     ({"cache": "prefix", "cfg_scale": 1.0}, "cfg_scale", "cfg_scale > 0 needs cache 'none'"),
 ])

@@ -6,7 +6,10 @@ loaded model as structured requests and, interleaved with them, as the same prom
 constraint, at batch 1 and batch 16. Reported per batch size: tokens/s of each and their
 ratio, the share of constrained requests that finish with "stop" within the cap, and the share
 of those whose answer validates (JSON parsed and checked against its schema with jsonschema,
-the regex matched, the choice found).
+the regex matched, the choice found). Tool calls: the same prompt with two functions, under
+``tool_choice`` required and each named function (the family's syntax and call grammar):
+the share that finish with calls, and of those the share whose every call parses and whose
+arguments validate against the function's schema.
 """
 
 from __future__ import annotations
@@ -45,6 +48,16 @@ SCHEMAS: list[dict[str, Any]] = [
         "additionalProperties": False}, "minItems": 1, "maxItems": 2}},
      "required": ["pets"], "additionalProperties": False},
 ]
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "London", "Tokyo"]},
+                                         "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["a", "b"]}}}]
+TOOL_PROMPT = "What is the weather in Paris?"
 REGEX = r"(yes|no), [a-z]+( [a-z]+)?\."
 CHOICES = ["happy", "sad", "sleepy"]
 COLUMNS = [("config", "config", "s"), ("batch", "batch", "d"), ("requests", "requests", "d"),
@@ -111,6 +124,48 @@ def _pair(ctx: BenchContext, batch: int) -> list[dict[str, Any]]:
     return rows
 
 
+def calls_valid(syntax: Any, text: str) -> bool | None:
+    """None: no call; else whether every call parses and its arguments validate."""
+    import jsonschema
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    _, calls = syntax.parse(text)
+    if not calls:
+        return None
+    try:
+        for call in calls:
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+    except (KeyError, ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def _tool_rows(ctx: BenchContext) -> list[dict[str, Any]]:
+    """16 requests per tool_choice (required, each function by name), batch 16."""
+    engine = ctx.engine
+    syntax = engine.family.tool_calls
+    prompt = syntax.prompt(engine.tokenizer, [{"role": "user", "content": TOOL_PROMPT}], TOOLS)
+    base = ctx.base_params().replace(gen_length=min(ctx.gen_length, 128), steps=None)
+    if len(prompt) + base.gen_length > engine.model.config.max_position_embeddings:
+        return []                       # the listed tools do not fit this model's context
+    rows = []
+    for choice in ("required", *(t["function"]["name"] for t in TOOLS)):
+        params = [base.replace(seed=i, structured=syntax.constraint(TOOLS, choice, True))
+                  for i in range(16)]
+        start = time.perf_counter()
+        results = engine.generate_batch([prompt] * 16, params)
+        seconds = time.perf_counter() - start
+        checks = [calls_valid(syntax, r.text) if r.finish_reason == "stop" else None
+                  for r in results]
+        called = [c for c in checks if c is not None]
+        tokens = sum(r.usage.completion_tokens for r in results)
+        rows.append({"config": f"tool_choice {choice}", "batch": 16, "requests": 16,
+                     "tokens": tokens, "seconds": round(seconds, 2),
+                     "tokens_per_s": round(tokens / seconds, 1),
+                     "stop_share": round(len(called) / 16, 3),
+                     "valid_share": round(sum(called) / len(called), 3) if called else None})
+    return rows
+
+
 def run_structured(ctx: BenchContext) -> dict[str, Any]:
     start = time.perf_counter()          # each grammar compiled once, outside the timing
     for spec in constraints():
@@ -125,6 +180,8 @@ def run_structured(ctx: BenchContext) -> dict[str, Any]:
             constrained["ratio"] = round(constrained["tokens_per_s"] / plain["tokens_per_s"],
                                          2)
         rows += pair
+    tool_rows = _tool_rows(ctx) if ctx.engine.tokenizer.has_chat_template else []
+    rows += tool_rows
     notes = [f"16 requests per row (two each of {len(SCHEMAS)} JSON schemas, a regex and a "
              f"choice list), max_tokens {ctx.gen_length} (--gen-length), greedy; the "
              "unconstrained rows are the same "
@@ -133,6 +190,12 @@ def run_structured(ctx: BenchContext) -> dict[str, Any]:
              "constrained tokens include those the grammar wrote without a forward",
              "valid: JSON parsed and validated with jsonschema (formats checked), the regex "
              "fully matched, the choice found",
+             f"tool_choice rows: {TOOL_PROMPT!r} with two functions (an enum pair, two "
+             "bounded integers) in the family's syntax, max_tokens min(128, --gen-length), "
+             "seeds 0-15; finished = stop with calls; valid = every call parsed and its "
+             "arguments validated (jsonschema)" + ("" if tool_rows else
+                                                   ": not run, the listed tools do not fit "
+                                                   "this model's chat context"),
              f"each grammar was compiled (and run once, 8 tokens) before timing: "
              f"{warm:.1f} s for the {len(constraints())}; batches alternate unconstrained and "
              "constrained chunk by chunk"]

@@ -21,6 +21,7 @@ from ..model.diffusion_gemma import load_diffusion_gemma
 from ..model.weights import weight_files
 from .gemma_layout import GemmaLayout
 from .registry import Family, register
+from .tool_calls import ToolSyntax
 
 
 class DiffusionGemmaConfig(PretrainedConfig):
@@ -98,4 +99,4 @@ DIFFUSION_GEMMA = register(Family(
     name="diffusion_gemma", display="DiffusionGemma", model_types=("diffusion_gemma",),
     config_class=DiffusionGemmaConfig, architectures=("DiffusionGemmaForBlockDiffusion",),
     sampler={"temperature": 1.0}, layout=GemmaLayout, load=load, auto=False,
-    tool_calls=None))
+    tool_calls=ToolSyntax("generic", constrained=False)))

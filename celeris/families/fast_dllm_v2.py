@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..model.configuration import CelerisConfig
 from .layouts import BlockLayout
 from .registry import Family, register
+from .tool_calls import QWEN
 
 
 class FastDLLMQwenConfig(CelerisConfig):
@@ -37,4 +38,4 @@ FAST_DLLM_V2 = register(Family(
     special_ids={"mask": 151665},
     sampler={"block_length": 8, "decoding": "threshold", "threshold": 0.9,
              "first_token": "greedy"},
-    layout=BlockLayout, tool_calls="qwen"))
+    layout=BlockLayout, tool_calls=QWEN))

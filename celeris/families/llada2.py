@@ -86,4 +86,4 @@ LLADA2 = register(Family(
     sampler={"decoding": "threshold", "threshold": 0.95},
     generation_keys={"editing_threshold": "edit_threshold",
                      "max_post_steps": "max_post_edit_steps"},
-    layout=BlockLayout, tool_calls=None))
+    layout=BlockLayout))

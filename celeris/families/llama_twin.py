@@ -48,4 +48,4 @@ class LlamaAsBlockConfig(CelerisConfig):
 LLAMA = register(Family(
     name="llama", display="Llama (autoregressive)", model_types=("llama",),
     config_class=LlamaAsBlockConfig, architectures=("LlamaForCausalLM",), auto=False,
-    layout=BlockLayout, tool_calls=None))
+    layout=BlockLayout))

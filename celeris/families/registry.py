@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 from ..config import ModelLoadError
 from ..params import GenerationParams
 from .layouts import Layout, attention_layout
+from .tool_calls import GENERIC, ToolSyntax
 
 Renames = tuple[tuple[str, str], ...]      # (regex over a checkpoint tensor name, replacement)
 
@@ -51,9 +52,8 @@ class Family:
     load: Callable[..., Any] | None = None
     auto: bool = True                        # register with transformers' Auto classes
     causal_lm: bool = False                  # ... and AutoModelForCausalLM (block models)
-    # the syntax its chat template gives tool calls: "qwen" (<tool_call>{json}</tool_call>),
-    # "generic" (documented for templates without one), or None (not yet known)
-    tool_calls: str | None = "generic"
+    # how its answers spell tool calls and how tools reach its prompt (tool_calls.py)
+    tool_calls: ToolSyntax = GENERIC
 
     def compiled_renames(self) -> tuple[tuple[re.Pattern, str], ...]:
         return _compiled(self.renames)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from ..model.configuration import CelerisConfig, check_plain_rope_and_silu, pop_unused
 from .layouts import BlockLayout
 from .registry import Family, register
+from .tool_calls import QWEN
 
 
 class SDARConfig(CelerisConfig):
@@ -61,9 +62,9 @@ SAMPLER = {"decoding": "dynamic", "threshold": 0.85}
 SDAR = register(Family(
     name="sdar", display="SDAR", model_types=("sdar",), config_class=SDARConfig,
     architectures=("SDARModel",), causal_lm=True, sampler=SAMPLER, layout=BlockLayout,
-    tool_calls="qwen"))
+    tool_calls=QWEN))
 
 SDAR_MOE = register(Family(
     name="sdar_moe", display="SDAR-MoE", model_types=("sdar_moe",), config_class=SDARMoeConfig,
     architectures=("SDARMoeForCausalLM",), causal_lm=True, experts=True,
-    special_ids={"mask": 151669}, sampler=SAMPLER, layout=BlockLayout, tool_calls="qwen"))
+    special_ids={"mask": 151669}, sampler=SAMPLER, layout=BlockLayout, tool_calls=QWEN))

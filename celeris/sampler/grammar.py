@@ -59,14 +59,31 @@ class Grammars:
             if kind == "choice":
                 choices = json.loads(spec)
                 return c.compile_regex("|".join(_literal(str(x)) for x in choices))
+            if kind == "structural_tag":   # JSON inside it compact, as for "json"
+                return c.compile_structural_tag(json.dumps(self._compact(json.loads(spec))))
             return c.compile_grammar(spec)
         except (RuntimeError, ValueError, TypeError) as exc:
             what = {"json": "JSON schema", "json_object": "JSON object grammar",
-                    "regex": "regex", "choice": "choice list", "grammar": "grammar"}[kind]
+                    "regex": "regex", "choice": "choice list", "grammar": "grammar",
+                    "structural_tag": "structural tag"}[kind]
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)   # the C++ source location
             raise ValueError(f"structured output: the {what} is not supported: "
                              f"{first[:300]}") from None
+
+    def _compact(self, node: Any) -> Any:
+        """A structural tag with each json_schema part as the grammar of its compact JSON
+        (xgrammar's structural tags otherwise allow any whitespace between tokens, which a
+        small model fills with newlines)."""
+        if isinstance(node, list):
+            return [self._compact(x) for x in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            grammar = self._xgr.Grammar.from_json_schema(json.dumps(node["json_schema"]),
+                                                         any_whitespace=False)
+            return {"type": "grammar", "grammar": str(grammar)}
+        return {k: self._compact(v) for k, v in node.items()}
 
     def row(self, kind: str, spec: str) -> "GrammarRow":
         return GrammarRow(self._xgr.GrammarMatcher(self.compile(kind, spec)), self)

@@ -14,7 +14,8 @@ from ..params import GenerationParams
 from ..request_params import request_params
 from .errors import APIError, invalid, param_of
 from .protocol import (TYPE_HINTS, ChatCompletionRequest, ChatMessage, CompletionRequest,
-                       StreamOptions, TextPart, _Knobs)
+                       FunctionDef, FunctionIn, NamedChoice, StreamOptions, TextPart, ToolCallIn,
+                       ToolDef, _Knobs)
 
 JSON_TYPES = ("application/json",)
 
@@ -90,13 +91,13 @@ def validation_error(exc: ValidationError) -> APIError:
 
 
 def _field_names() -> set[str]:
-    models = (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions)
+    models = (CompletionRequest, ChatCompletionRequest, ChatMessage, TextPart, StreamOptions,
+              FunctionIn, ToolCallIn, FunctionDef, ToolDef, NamedChoice)
     return {name for m in models for name in m.model_fields}
 
 
 def generation_params(req: _Knobs, defaults: GenerationParams,
-                      context_length: int | None = None,
-                      block_causal: bool = False) -> GenerationParams:
+                      context_length: int | None = None) -> GenerationParams:
     """GenerationParams for a validated request (the shared request_params mapping). With
     ``context_length`` a length cap outside [1, context - 1] is refused with those numbers;
     prompt tokens + max_tokens may equal the context (the engine checks that per prompt)."""
@@ -108,6 +109,6 @@ def generation_params(req: _Knobs, defaults: GenerationParams,
                       f"context of {context_length} tokens holds the prompt and the answer; "
                       f"prompt + {field} may equal it), got {asked}", field)
     try:
-        return request_params(fields, defaults, block_causal)
+        return request_params(fields, defaults)
     except ValueError as exc:
         raise invalid(str(exc), param_of(str(exc), "max_tokens")) from None

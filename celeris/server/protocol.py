@@ -27,8 +27,8 @@ LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "gen_length")
 # OpenAI fields Celeris does not implement, with the value that means "off".
 NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0,
                            "logit_bias": {}, "logprobs": False, "echo": False, "best_of": 1,
-                           "suffix": None, "top_logprobs": 0, "tools": [],
-                           "tool_choice": "none"}
+                           "suffix": None, "top_logprobs": 0}
+ROLES = ("system", "developer", "user", "assistant", "tool")
 # Messages for fields whose type is a union (pydantic would report every member).
 TYPE_HINTS = {"prompt": "a string, a list holding one string, or a list of token ids",
               "stop": "a string or a list of strings",
@@ -132,6 +132,34 @@ class CompletionRequest(_Knobs):
         return prompt
 
 
+class FunctionIn(_Strict):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionIn
+
+
+class FunctionDef(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedChoice(_Strict):
+    type: Literal["function"]
+    function: dict[str, str]
+
+
 class TextPart(_Strict):
     type: Literal["text"]
     text: str
@@ -141,6 +169,8 @@ class ChatMessage(_Strict):
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None      # an assistant turn's calls (history)
+    tool_call_id: str | None = None                # a tool turn: the call it answers
 
 
 class ChatCompletionRequest(_Knobs):
@@ -148,20 +178,54 @@ class ChatCompletionRequest(_Knobs):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: str | NamedChoice | None = None
     parallel_tool_calls: bool | None = None
 
-    def to_prompt(self) -> list[dict[str, str]]:
+    def to_prompt(self) -> list[dict[str, Any]]:
+        """The messages as the engine takes them; tool turns (an assistant's ``tool_calls``,
+        ``role: tool`` results) keep their fields for the tool-call syntax to render."""
         if not self.messages:
             raise invalid("messages must be a non-empty list of {role, content} objects",
                           "messages")
-        out = []
+        out: list[dict[str, Any]] = []
+        called: set[str | None] = set()      # the call ids a tool turn may answer
         for i, m in enumerate(self.messages):
             role = "system" if m.role == "developer" else m.role
+            if role not in ROLES:
+                raise invalid(f"messages[{i}].role must be one of {', '.join(ROLES)}, "
+                              f"got {m.role!r}", f"messages[{i}].role")
+            if role == "tool" and not (called and (m.tool_call_id in called
+                                                   or m.tool_call_id is None)):
+                raise invalid(f"messages[{i}] is a tool result that answers no earlier "
+                              f"assistant tool call (tool_call_id {m.tool_call_id!r})",
+                              f"messages[{i}].role")
+            called |= {c.id for c in m.tool_calls or []}
             content = m.content if isinstance(m.content, str) or m.content is None else \
                 "".join(part.text for part in m.content)
-            if content is None:
+            message: dict[str, Any] = {"role": role, "content": content}
+            if m.tool_calls:
+                if role != "assistant":
+                    raise invalid(f"messages[{i}].tool_calls is only allowed on an assistant "
+                                  f"message, got role {role!r}", f"messages[{i}].tool_calls")
+                message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            elif content is None:
                 raise invalid(f"messages[{i}].content is required", f"messages[{i}].content")
-            out.append({"role": role, "content": content})
+            if role == "tool":
+                message["tool_call_id"] = m.tool_call_id
+            out.append(message)
         return out
+
+    def tool_choice_name(self) -> str | None:
+        """tool_choice as one string: none, auto, required or the named function."""
+        choice = self.tool_choice
+        if choice is None or isinstance(choice, str):
+            if choice not in (None, "none", "auto", "required"):
+                raise invalid(f"tool_choice must be 'none', 'auto', 'required' or "
+                              f"{{type: function, function: {{name}}}}, got {choice!r}",
+                              "tool_choice")
+            return choice
+        name = choice.function.get("name")
+        if not name:
+            raise invalid("tool_choice.function.name is required", "tool_choice.function.name")
+        return name

@@ -22,6 +22,7 @@ from .shaping import Shapes
 from .state import ServerState
 from .streaming import EventStream, sse_events
 from .structured import structured_of
+from .tools import ToolPlan
 
 T = TypeVar("T")
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
@@ -85,8 +86,11 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         raise _unknown_model(req.model, state.model_name)
     prompt_param = "messages" if chat else "prompt"
     prompt = req.to_prompt()
-    params = generation_params(req, aengine.engine.default_params(), state.context_length(),
-                               aengine.engine.block_causal)
+    params = generation_params(req, aengine.engine.default_params(), state.context_length())
+    tools = ToolPlan.of(req, aengine.engine)
+    if tools is not None:
+        prompt = tools.prompt(aengine.engine, prompt)
+        params = tools.params(params, req.parallel_tool_calls)
     request_id = uuid.uuid4().hex[:16]
     shapes = Shapes(chat, request_id, state.model_name)
     items = aengine.stream(prompt, params, request_id, events=req.stream)
@@ -98,7 +102,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         await items.aclose()
         error = _request_error(exc, prompt_param, req.length_field(), params.gen_length)
         if error.param == "structured":             # the request's own name for it
-            error.param = structured_of(req)[1]
+            error.param = "tools" if tools is not None else structured_of(req)[1]
         raise error from None
     if isinstance(first, Disconnected):   # the client went away before its first byte
         await items.aclose()
@@ -111,15 +115,22 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         state.metrics.observe(result)
         return str(result.finish_reason)
 
+    reading = tools is not None and tools.reads_calls()
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         events = sse_events([*held, first], items, shapes, params.stop, include_usage,
-                            req.celeris_denoise_events, finish)
+                            req.celeris_denoise_events, finish,
+                            tools.syntax.stream() if reading else None)
         return EventStream(events, on_close=lambda: aengine.abort(request_id),
                            on_disconnect=lambda: state.metrics.disconnects.labels(
                                "streaming").inc())
     await items.aclose()
-    return JSONResponse(shapes.response(first, finish(first)))
+    reason = finish(first)
+    if not reading:
+        return JSONResponse(shapes.response(first, reason))
+    content, calls = tools.answer(first)
+    reason = "tool_calls" if calls and reason == "stop" else reason
+    return JSONResponse(shapes.response(first, reason, (content, calls)))
 
 
 def _request_error(exc: Exception, prompt_param: str, length_field: str | None,

@@ -32,10 +32,16 @@ class Shapes:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def response(self, result: GenerationResult, finish: str) -> dict[str, Any]:
+    def response(self, result: GenerationResult, finish: str,
+                 calls: tuple[str | None, list[dict[str, Any]]] | None = None
+                 ) -> dict[str, Any]:
+        """``calls``: (content, tool_calls) of an answer read for tool calls."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": finish}
+            message: dict[str, Any] = {"role": "assistant", "content": result.text}
+            if calls is not None and calls[1]:
+                message.update(content=calls[0], tool_calls=calls[1])
+            choice = {"index": 0, "message": message, "logprobs": None,
+                      "finish_reason": finish}
             out = self._head("chat.completion")
         else:
             choice = {"index": 0, "text": result.text, "logprobs": None,
@@ -45,11 +51,14 @@ class Shapes:
                 "celeris": celeris_stats(result)}
 
     def chunk(self, text: str | None, finish: str | None = None, first: bool = False,
-              include_usage: bool = False) -> dict[str, Any]:
+              include_usage: bool = False, tool_calls: list[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             out = self._head("chat.completion.chunk")
         else:

@@ -55,9 +55,11 @@ class EventStream(StreamingResponse):
 
 async def sse_events(head: list[Any], items: AsyncIterator[Any], shapes: Shapes,
                      stops: tuple[str, ...], include_usage: bool, denoise: bool,
-                     finish: Callable[[GenerationResult], str]) -> AsyncIterator[str]:
+                     finish: Callable[[GenerationResult], str], calls: Any = None
+                     ) -> AsyncIterator[str]:
     """The SSE chunks of ``head`` (the items already received) and then of ``items``;
-    ``finish(result)`` returns the OpenAI finish_reason or raises an APIError."""
+    ``finish(result)`` returns the OpenAI finish_reason or raises an APIError. ``calls``
+    (the family's ``CallStream``) turns the text into content and tool-call deltas."""
     sent = ""
     pending = list(head)
     try:
@@ -69,13 +71,22 @@ async def sse_events(head: list[Any], items: AsyncIterator[Any], shapes: Shapes,
                 if denoise:
                     yield sse(shapes.denoise(item), event="celeris.denoise")
                 stable = stable_text(item.text, stops)
-                if len(stable) > len(sent) and stable.startswith(sent):
+                if calls is not None:
+                    new, deltas = calls.feed(stable)
+                    if new or deltas:
+                        yield sse(shapes.chunk(new, include_usage=include_usage,
+                                               tool_calls=deltas))
+                elif len(stable) > len(sent) and stable.startswith(sent):
                     yield sse(shapes.chunk(stable[len(sent):], include_usage=include_usage))
                     sent = stable
             item = pending.pop(0) if pending else await items.__anext__()
         reason = finish(item)
-        tail = item.text[len(sent):] if item.text.startswith(sent) else ""
-        yield sse(shapes.chunk(tail, reason, include_usage=include_usage))
+        if calls is not None:
+            tail, deltas = calls.feed(item.text, final=True)
+            reason = "tool_calls" if calls.ids and reason == "stop" else reason
+        else:
+            tail, deltas = (item.text[len(sent):] if item.text.startswith(sent) else ""), []
+        yield sse(shapes.chunk(tail, reason, include_usage=include_usage, tool_calls=deltas))
         if include_usage:
             yield sse(shapes.usage_chunk(item))
     except asyncio.CancelledError:
