@@ -144,7 +144,8 @@ def _tool_rows(ctx: BenchContext) -> list[dict[str, Any]]:
     engine = ctx.engine
     syntax = engine.family.tool_calls
     prompt = syntax.prompt(engine.tokenizer, [{"role": "user", "content": TOOL_PROMPT}], TOOLS)
-    base = ctx.base_params().replace(gen_length=min(ctx.gen_length, 128), steps=None)
+    base = ctx.base_params().replace(gen_length=min(ctx.gen_length, 128), steps=None,
+                                     temperature=0.8)      # sampled: 16 different calls
     if len(prompt) + base.gen_length > engine.model.config.max_position_embeddings:
         return []                       # the listed tools do not fit this model's context
     rows = []
@@ -192,7 +193,7 @@ def run_structured(ctx: BenchContext) -> dict[str, Any]:
              "fully matched, the choice found",
              f"tool_choice rows: {TOOL_PROMPT!r} with two functions (an enum pair, two "
              "bounded integers) in the family's syntax, max_tokens min(128, --gen-length), "
-             "seeds 0-15; finished = stop with calls; valid = every call parsed and its "
+             "temperature 0.8, seeds 0-15; finished = stop with calls; valid = every call parsed and its "
              "arguments validated (jsonschema)" + ("" if tool_rows else
                                                    ": not run, the listed tools do not fit "
                                                    "this model's chat context"),
