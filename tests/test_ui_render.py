@@ -297,8 +297,8 @@ def test_build_params_maps_widget_conventions():
 
 def test_build_params_invalid_combination_names_the_fields():
     base = GenerationParams()
-    with pytest.raises(ValueError, match=r"steps \(5\) must be a multiple of the number of "
-                                         r"blocks ceil\(gen_length/block_length\) = 4"):
+    with pytest.raises(ValueError, match=r"or a multiple of the number of blocks \(4 = "
+                                         r"gen_length 64 / block_length 16, rounded up\).*got 5$"):
         build_params(base, [5, 0.0, 64, 16, 0.9, "fixed", "low_confidence", "none", 0])
     with pytest.raises(ValueError, match="decoding must be one of"):
         build_params(base, [0, 0.0, 64, 16, 0.9, "magic", "low_confidence", "none", 0])
