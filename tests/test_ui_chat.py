@@ -90,3 +90,46 @@ def test_chat_reply_length_defaults_to_the_model_gen_length_and_says_single_turn
     assert reply_bounds(512, None) == (448, 256)       # was 64: stories cut mid-sentence
     assert reply_bounds(128, 256) == (64, 64)
     assert "single questions and answers" in SINGLE_TURN
+
+
+# ----------------------------------------------------------------------- tools
+def test_the_tools_box_is_read_and_refused_by_name():
+    from ui.chat import TOOLS_EXAMPLE, read_tools
+
+    assert read_tools("not json", "none") is None               # none: the box is not read
+    assert [t["function"]["name"] for t in read_tools(TOOLS_EXAMPLE, "required")] == \
+        ["get_weather", "add"]
+    with pytest.raises(gr.Error, match="tools is not valid JSON"):
+        read_tools("[{", "auto")
+    with pytest.raises(gr.Error, match="non-empty list of"):
+        read_tools('[{"type": "web"}]', "required")
+    with pytest.raises(gr.Error, match="tool_choice must be one of none, auto, required"):
+        read_tools(TOOLS_EXAMPLE, "always")
+
+
+def test_a_required_tool_call_is_shown_as_a_call_with_arguments_that_validate():
+    """The default model under tool_choice required: the reply is a titled call box whose
+    arguments validate against the function's schema (decoded under the call grammar)."""
+    import json
+    from pathlib import Path
+
+    import jsonschema
+
+    from ui.chat import TOOLS_EXAMPLE
+
+    engine = Engine.from_pretrained(Path(__file__).resolve().parents[1] / "models" /
+                                    "celeris-tiny-bd", device="cpu")
+    slot = EngineSlot(engine)
+    history = [{"role": "user", "content": "What is the weather in Paris?"}]
+    frames = list(make_respond(slot)(history, "fast", 96, request("s1"), TOOLS_EXAMPLE,
+                                     "required"))
+    final, box = frames[-1]
+    assert box == gr.skip() and final[:1] == history
+    calls = final[1:]
+    assert calls and all(m["metadata"]["title"].startswith("\U0001f527 call ") for m in calls)
+    schemas = {t["function"]["name"]: t["function"]["parameters"]
+               for t in json.loads(TOOLS_EXAMPLE)}
+    for m in calls:
+        name = m["metadata"]["title"].split()[-1]
+        args = m["content"].removeprefix("```json\n").removesuffix("\n```")
+        jsonschema.validate(json.loads(args), schemas[name])

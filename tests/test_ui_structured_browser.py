@@ -107,3 +107,30 @@ def test_a_regex_the_engine_cannot_compile_shows_its_message(page):
     expect(summary).to_contain_text("structured output: the regex is not supported")
     expect(summary).to_contain_text("parenthesis is not closed")
     assert "Traceback" not in summary.inner_text()
+
+
+def test_the_chat_tab_shows_a_required_tool_call_as_a_call(page):
+    """Chat tab, Tools open, tool_choice required: the reply is a call box titled with the
+    function's name, holding arguments that validate against the example's schema."""
+    from playwright.sync_api import expect
+    import jsonschema
+
+    from ui.chat import TOOLS_EXAMPLE
+
+    page.get_by_role("tab", name="Chat").click()
+    page.get_by_text("Tools (function calling)").click()
+    page.locator("#chat-tool-choice").get_by_label("required", exact=True).check()
+    set_number(page, "chat-gen-length", 96)       # the listed tools take 358 of 512 tokens
+    page.fill("#chat-message textarea", "What is the weather in Paris?")
+    page.click("#chat-send")
+    box = page.locator("#chat-box")
+    title = box.get_by_text(re.compile(r"call (get_weather|add)")).first
+    expect(title).to_be_visible(timeout=120_000)
+    name = re.search(r"call (\w+)", title.inner_text()).group(1)
+    title.click()                                           # open the call's box
+    args = box.locator("code").filter(has_text="{").last
+    expect(args).to_be_visible()
+    schemas = {t["function"]["name"]: t["function"]["parameters"]
+               for t in json.loads(TOOLS_EXAMPLE)}
+    jsonschema.validate(json.loads(args.inner_text()), schemas[name])
+    page.screenshot(path=str(ARTIFACTS / "chat-tool-call.png"), full_page=True)

@@ -6,6 +6,7 @@ committed prefix does, with a shaded tail for the positions still masked.
 
 from __future__ import annotations
 
+import json
 from contextlib import closing
 from typing import Any, Iterator
 
@@ -104,10 +105,55 @@ def too_long(view: Any, messages: list[dict[str, str]], reply: int) -> str | Non
     return TOO_LONG.format(reply=reply, need=used + reply, context=context)
 
 
+TOOLS_EXAMPLE = json.dumps([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "London", "Tokyo"]},
+                                         "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["a", "b"]}}}], indent=1)
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+def read_tools(text: str, choice: str) -> list[dict[str, Any]] | None:
+    """The Tools box as OpenAI ``tools``; None when tool_choice is none."""
+    if choice not in TOOL_CHOICES:
+        raise user_error(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, got {choice!r}",
+                         "Tools")
+    if choice == "none":
+        return None
+    try:
+        tools = json.loads(text or "[]")
+    except json.JSONDecodeError as exc:
+        raise user_error(f"tools is not valid JSON: {exc.msg} (line {exc.lineno})",
+                         "Tools") from None
+    ok = isinstance(tools, list) and tools and all(
+        isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str) for t in tools)
+    if not ok:
+        raise user_error("tools must be a non-empty list of {type: function, function: {name, "
+                         "parameters}} objects", "Tools")
+    return tools
+
+
+def call_messages(syntax: Any, text: str) -> list[dict[str, Any]]:
+    """The finished reply as chat messages: its text, then each tool call as a call (a
+    titled box holding the arguments)."""
+    content, calls = syntax.parse(text)
+    out = [{"role": "assistant", "content": content}] if content or not calls else []
+    for call in calls:
+        out.append({"role": "assistant", "content": f"```json\n{call.arguments}\n```",
+                    "metadata": {"title": f"\U0001f527 call {call.name}", "status": "done"}})
+    return out
+
+
 def make_respond(slot: EngineSlot):
     @slot.gpu
     def respond(history: list[dict[str, Any]], preset: str, gen_length: float,
-                request: gr.Request) -> Iterator[Any]:
+                request: gr.Request, tools: str = "", tool_choice: str = "none"
+                ) -> Iterator[Any]:
         """Answer the last user message; yields (history with the reply growing, the
         message box). A message that cannot be answered is taken out of the history and
         put back in the box, so the chat is never stuck on it."""
@@ -118,7 +164,9 @@ def make_respond(slot: EngineSlot):
             yield gr.skip(), gr.skip()        # nothing new to answer: leave the chat alone
             return
         try:
-            yield from _answer(slot, view, history, messages, preset, int(gen_length), request)
+            listed = read_tools(tools, tool_choice)
+            yield from _answer(slot, view, history, messages, preset, int(gen_length), request,
+                               listed and (listed, tool_choice))
         except gr.Error as exc:
             gr.Warning(error_message(exc), title=exc.title or "Not answered")
             yield history[:-1], messages[-1]["content"]
@@ -127,7 +175,7 @@ def make_respond(slot: EngineSlot):
 
 def _answer(slot: EngineSlot, view: Any, history: list[dict[str, Any]],
             messages: list[dict[str, str]], preset: str, reply: int,
-            request: gr.Request) -> Iterator[Any]:
+            request: gr.Request, tools: tuple[list, str] | None = None) -> Iterator[Any]:
     engine = view.require()
     with user_errors():
         base = engine.default_params()
@@ -139,14 +187,28 @@ def _answer(slot: EngineSlot, view: Any, history: list[dict[str, Any]],
     messages, dropped = fit_history(view, messages, reply)
     if dropped:
         gr.Info(TRIMMED.format(n=dropped, context=view.context_length()), title="Trimmed")
+    prompt: Any = messages
+    syntax = engine.family.tool_calls if tools else None
+    if tools:                # the family's syntax renders the tools and constrains the calls
+        with user_errors():
+            prompt = syntax.prompt(engine.tokenizer, messages, tools[0])
+            params = params.replace(structured=syntax.constraint(tools[0], tools[1], True))
+        context = view.context_length()
+        if context and len(prompt) + reply > context:
+            raise user_error(f"the tools and the chat need {len(prompt) + reply} tokens with "
+                             f"the reply; the model's context is {context}: list fewer tools "
+                             "or shorten the reply", "Message too long")
     session = session_of(request)
     rid = slot.begin(session, engine)
     done = False
     try:
-        with user_errors(), closing(engine.stream(messages, params, request_id=rid)) as run:
+        with user_errors(), closing(engine.stream(prompt, params, request_id=rid)) as run:
             for item in paced(run, slot.frame_interval,
                               final=lambda i: isinstance(i, GenerationResult)):
                 done = isinstance(item, GenerationResult)
+                if done and syntax is not None and item.text:
+                    yield history + call_messages(syntax, item.text), gr.skip()
+                    continue
                 content = (final_reply(item) if done
                            else reply_so_far(item.text, item.num_masked))
                 yield history + [{"role": "assistant", "content": content}], gr.skip()
@@ -218,6 +280,13 @@ def create_ui(slot: EngineSlot) -> Follow:
         samples = examples("chat")
         if samples:
             gr.Examples([[s] for s in samples], [message], label="examples")
+        with gr.Accordion("Tools (function calling)", open=False, elem_id="chat-tools-box"):
+            tool_choice = gr.Radio(list(TOOL_CHOICES), value="none", label="tool_choice",
+                                   elem_id="chat-tool-choice",
+                                   info="required: the reply is calls, decoded under the "
+                                        "call grammar; auto: text or calls")
+            tools = gr.Code(TOOLS_EXAMPLE, language="json", label="tools (OpenAI format)",
+                            elem_id="chat-tools")
     respond = make_respond(slot)
     events = []
     message.change(send_button, message, send, queue=False, api_visibility="private",
@@ -225,7 +294,8 @@ def create_ui(slot: EngineSlot) -> Follow:
     for trigger in (send.click, message.submit):
         ev = trigger(make_add(slot), [message, chatbot], [message, chatbot],
                      api_visibility="private", show_progress="hidden")
-        events.append(ev.then(respond, [chatbot, preset, gen_length], [chatbot, message],
+        events.append(ev.then(respond, [chatbot, preset, gen_length, tools, tool_choice],
+                              [chatbot, message],
                               api_visibility="private", concurrency_id="engine",
                               concurrency_limit=slot.concurrency, show_progress="hidden"))
     stop.click(make_stop(slot), None, None, cancels=events, queue=False,

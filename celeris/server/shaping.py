@@ -38,8 +38,10 @@ class Shapes:
         """``calls``: (content, tool_calls) of an answer read for tool calls."""
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": result.text}
-            if calls is not None and calls[1]:
-                message.update(content=calls[0], tool_calls=calls[1])
+            if calls is not None:      # the text outside the calls, as streaming sends it
+                message["content"] = calls[0] if calls[1] else calls[0] or ""
+                if calls[1]:
+                    message["tool_calls"] = calls[1]
             choice = {"index": 0, "message": message, "logprobs": None,
                       "finish_reason": finish}
             out = self._head("chat.completion")
