@@ -205,6 +205,13 @@ def test_structured_suite_puts_constrained_beside_unconstrained_at_batch_1_and_1
     sec = bench_run.suites["structured"]
     rows = {(r["config"], r["batch"]): r for r in sec["rows"]}
     tools = {k: rows.pop(k) for k in list(rows) if k[0].startswith("tool_choice")}
+    beside = {k[0]: rows.pop(k) for k in list(rows) if k[0].startswith("8 unconstrained")}
+    assert set(beside) == {"8 unconstrained beside 8 unconstrained (same lengths)",
+                           "8 unconstrained beside 8 constrained"}
+    same, mixed = beside.values()
+    assert same["tokens"] == mixed["tokens"] > 0        # the same 8 rows' tokens in both
+    assert mixed["ratio"] == pytest.approx(mixed["tokens_per_s"] / same["tokens_per_s"],
+                                           abs=0.01)
     assert set(rows) == {(c, b) for c in ("unconstrained", "constrained") for b in (1, 16)}
     assert set(tools) <= {(f"tool_choice {c}", 16) for c in ("required", "get_weather", "add")}
     assert all(r["valid_share"] in (None, 1.0) for r in tools.values())

@@ -124,6 +124,39 @@ def _pair(ctx: BenchContext, batch: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _sharing_rows(ctx: BenchContext, repeats: int = 3) -> list[dict[str, Any]]:
+    """What constrained rows cost the unconstrained rows of their batch: 8 unconstrained rows
+    share a batch of 16 with 8 constrained rows, or with 8 unconstrained rows of the same
+    lengths (the constrained rows' token counts, EOS suppressed), alternately. Reported:
+    the 8 rows' tokens over the time until the last of them finished (their tokens are the
+    same in both batches: batch invariance)."""
+    base = ctx.base_params().replace(gen_length=ctx.gen_length, steps=None)
+    prompt = [{"role": "user", "content": PROMPT}] if ctx.engine.tokenizer.has_chat_template \
+        else PROMPT
+    plain = [base.replace(seed=i) for i in range(8)]
+    specs = constraints()[:8]
+    timed = {"matched": [0, 0.0], "constrained": [0, 0.0]}
+    for _ in range(repeats):
+        mixed = ctx.engine.generate_batch(
+            [prompt] * 16, plain + [base.replace(seed=8 + i, structured=spec)
+                                    for i, spec in enumerate(specs)])
+        lengths = [max(1, r.usage.completion_tokens) for r in mixed[8:]]
+        matched = ctx.engine.generate_batch(
+            [prompt] * 16, plain + [base.replace(seed=8 + i, gen_length=n, suppress_eos=True)
+                                    for i, n in enumerate(lengths)])
+        for name, results in (("constrained", mixed), ("matched", matched)):
+            timed[name][0] += sum(r.usage.completion_tokens for r in results[:8])
+            timed[name][1] += max(r.timings.total_s for r in results[:8])
+    rows = [{"config": f"8 unconstrained beside 8 {name}", "batch": 16, "requests": 8 * repeats,
+             "tokens": tokens, "seconds": round(seconds, 2),
+             "tokens_per_s": round(tokens / seconds, 1) if seconds else None}
+            for name, (tokens, seconds) in (("unconstrained (same lengths)", timed["matched"]),
+                                            ("constrained", timed["constrained"]))]
+    if rows[0]["tokens_per_s"] and rows[1]["tokens_per_s"]:
+        rows[1]["ratio"] = round(rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+    return rows
+
+
 def calls_valid(syntax: Any, text: str) -> bool | None:
     """None: no call; else whether every call parses and its arguments validate."""
     import jsonschema
@@ -181,6 +214,7 @@ def run_structured(ctx: BenchContext) -> dict[str, Any]:
             constrained["ratio"] = round(constrained["tokens_per_s"] / plain["tokens_per_s"],
                                          2)
         rows += pair
+    rows += _sharing_rows(ctx)
     tool_rows = _tool_rows(ctx) if ctx.engine.tokenizer.has_chat_template else []
     rows += tool_rows
     notes = [f"16 requests per row (two each of {len(SCHEMAS)} JSON schemas, a regex and a "
@@ -197,6 +231,11 @@ def run_structured(ctx: BenchContext) -> dict[str, Any]:
              "arguments validated (jsonschema)" + ("" if tool_rows else
                                                    ": not run, the listed tools do not fit "
                                                    "this model's chat context"),
+             "8 unconstrained beside ...: 8 unconstrained rows (seeds 0-7) in a batch of 16 "
+             "with 8 constrained rows (six schemas, the regex, the choice) or with 8 "
+             "unconstrained rows EOS-suppressed to the constrained rows' lengths, alternately, "
+             "three times; tok/s = the 8 rows' tokens / time until the last of them finished; "
+             "x = what the constrained neighbours cost them",
              f"each grammar was compiled (and run once, 8 tokens) before timing: "
              f"{warm:.1f} s for the {len(constraints())}; batches alternate unconstrained and "
              "constrained chunk by chunk"]
