@@ -3,7 +3,7 @@
 from .config import (CelerisError, EngineBusyError, EngineClosedError, EngineConfig,
                      EngineOutOfMemoryError, ModelLoadError)
 from .model import CelerisConfig, CelerisForMaskedDiffusion
-from .families import (DreamConfig, Family, FastDLLMQwenConfig, LLaDA2MoeConfig, LLaDAConfig,
+from .families import (EXAMPLE_TOOLS, DreamConfig, Family, FastDLLMQwenConfig, LLaDA2MoeConfig, LLaDAConfig,
                        SDARConfig, SDARMoeConfig, load_model, register_family)
 from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
 from .params import GenerationParams
@@ -18,4 +18,5 @@ __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "St
            "EngineBusyError", "EngineClosedError", "EngineOutOfMemoryError", "CelerisConfig",
            "CelerisForMaskedDiffusion", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig",
            "SDARConfig", "SDARMoeConfig", "LLaDA2MoeConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
-           "AsyncEngine", "ContextLengthError", "split_infill", "Family", "register_family"]
+           "AsyncEngine", "ContextLengthError", "split_infill", "Family", "register_family",
+           "EXAMPLE_TOOLS"]

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import gradio as gr
 
-from celeris import GenerationParams, GenerationResult
+from celeris import EXAMPLE_TOOLS, GenerationParams, GenerationResult
 
 from . import bounds, render
 from .context import (EngineSlot, Follow, error_message, paced, session_of, user_error,
@@ -105,15 +105,7 @@ def too_long(view: Any, messages: list[dict[str, str]], reply: int) -> str | Non
     return TOO_LONG.format(reply=reply, need=used + reply, context=context)
 
 
-TOOLS_EXAMPLE = json.dumps([
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"enum": ["Paris", "London", "Tokyo"]},
-                                         "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"]}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
-        "required": ["a", "b"]}}}], indent=1)
+TOOLS_EXAMPLE = json.dumps(EXAMPLE_TOOLS, indent=1)
 TOOL_CHOICES = ("none", "auto", "required")
 
 

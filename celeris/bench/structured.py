@@ -19,6 +19,7 @@ import re
 import time
 from typing import Any
 
+from .. import EXAMPLE_TOOLS
 from .common import BenchContext, section
 
 PROMPT = "Tell me about a pet."
@@ -48,15 +49,7 @@ SCHEMAS: list[dict[str, Any]] = [
         "additionalProperties": False}, "minItems": 1, "maxItems": 2}},
      "required": ["pets"], "additionalProperties": False},
 ]
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"enum": ["Paris", "London", "Tokyo"]},
-                                         "unit": {"enum": ["c", "f"]}},
-        "required": ["city", "unit"]}}},
-    {"type": "function", "function": {"name": "add", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
-        "required": ["a", "b"]}}}]
+TOOLS = EXAMPLE_TOOLS
 TOOL_PROMPT = "What is the weather in Paris?"
 REGEX = r"(yes|no), [a-z]+( [a-z]+)?\."
 CHOICES = ["happy", "sad", "sleepy"]

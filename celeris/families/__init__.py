@@ -11,6 +11,7 @@ import pkgutil
 
 from .layouts import BlockLayout, CanvasLayout, Layout, attention_layout, infill_refusal
 from .loading import load, load_model, native_class, read_config
+from .tool_calls import EXAMPLE_TOOLS
 from .registry import (Family, by_name, family_of, find, register, registered,
                        supported_model_types, unregister)
 
@@ -35,7 +36,7 @@ from .llada2 import LLaDA2MoeConfig  # noqa: E402
 from .llama_twin import LlamaAsBlockConfig  # noqa: E402
 from .sdar import SDARConfig, SDARMoeConfig  # noqa: E402
 
-__all__ = ["Family", "Layout", "BlockLayout", "CanvasLayout", "attention_layout",
+__all__ = ["EXAMPLE_TOOLS", "Family", "Layout", "BlockLayout", "CanvasLayout", "attention_layout",
            "infill_refusal", "register", "register_family", "unregister", "registered",
            "by_name", "family_of", "find", "supported_model_types", "load", "load_model", "native_class", "read_config",
            "DiffusionGemmaConfig", "DreamConfig", "FastDLLMQwenConfig", "LLaDAConfig",

@@ -31,6 +31,16 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 CHOICES = ("none", "auto", "required")
+# Two small functions the shipped models' context holds: the playground's example, the bench's
+EXAMPLE_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "London", "Tokyo"]},
+                                         "unit": {"enum": ["c", "f"]}},
+        "required": ["city", "unit"]}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["a", "b"]}}}]
 
 
 class ToolRequestError(ValueError):
