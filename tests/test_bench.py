@@ -222,6 +222,11 @@ def test_structured_suite_puts_constrained_beside_unconstrained_at_batch_1_and_1
             constrained["tokens_per_s"] / plain["tokens_per_s"], abs=0.01)
         assert constrained["valid_share"] in (None, 1.0)   # every finished answer conforms
         assert 0 < constrained["stop_share"] <= 1           # a choice finishes within 16
+    (acceptance,) = sec["tables"]                            # compile only: the schema corpus
+    (row,) = acceptance["rows"]
+    assert row["schemas"] >= 40 and row["accepted"] <= row["compiled"] <= row["schemas"]
+    assert row["ratio"] == pytest.approx(row["accepted"] / row["compiled"], abs=0.001)
+    assert row["ratio"] >= 0.9
 
 
 def test_the_moe_step_model_has_llada2_mini_published_size():

@@ -130,3 +130,25 @@ def test_infill_and_diffusion_gemma_refuse_structured_output():
     layout = GemmaLayout(SimpleNamespace(canvas_length=8, vocab_size=16), 16)
     with pytest.raises(ValueError, match="structured must be unset for DiffusionGemma"):
         layout.check(GenerationParams(block_length=8, structured=("json_object", "")))
+
+
+def test_real_world_schemas_are_accepted_where_xgrammar_compiles_them(engine):
+    """The bench's corpus (celeris/bench/schemas.json) sent as response_format json_schema
+    requests: at least 90% of the schemas xgrammar compiles are accepted, every accepted one
+    has its compiled grammar, and every refusal is the request's 'not supported' error."""
+    from celeris.bench.structured import corpus, schema_acceptance
+
+    entries = corpus()
+    assert len(entries) >= 40 and len({e["name"] for e in entries}) == len(entries)
+    found = schema_acceptance(engine)
+    assert found["schemas"] == len(entries) and found["compiled"] >= 40
+    assert found["accepted"] / found["compiled"] >= 0.9
+    accepted = [name for name, _, ours in found["outcomes"] if ours is None]
+    assert len(accepted) == found["accepted"]
+    assert all(native is None for _, native, ours in found["outcomes"] if ours is None)
+    assert all(ours.startswith("structured output: the JSON schema is not supported: ")
+               for _, _, ours in found["outcomes"] if ours is not None)
+    schemas = {e["name"]: e["schema"] for e in entries}
+    for name in accepted:                   # the grammar a request decodes under
+        request = engine.prepare(PROMPT, _params(engine, ("json", json.dumps(schemas[name]))))
+        assert request.grammar is not None and not request.grammar.done, name

@@ -9,7 +9,10 @@ of those whose answer validates (JSON parsed and checked against its schema with
 the regex matched, the choice found). Tool calls: the same prompt with two functions, under
 ``tool_choice`` required and each named function (the family's syntax and call grammar):
 the share that finish with calls, and of those the share whose every call parses and whose
-arguments validate against the function's schema.
+arguments validate against the function's schema. Schema acceptance (compilation only, no
+generation): each schema of ``schemas.json`` (pydantic-generated, tool parameters and
+hand-written ones) compiled by xgrammar itself and sent the way a request sends it; reported:
+how many Celeris accepts of those xgrammar compiles, and what refused the others.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 from .. import EXAMPLE_TOOLS
@@ -53,6 +57,11 @@ TOOLS = EXAMPLE_TOOLS
 TOOL_PROMPT = "What is the weather in Paris?"
 REGEX = r"(yes|no), [a-z]+( [a-z]+)?\."
 CHOICES = ["happy", "sad", "sleepy"]
+CORPUS = Path(__file__).with_name("schemas.json")
+ACCEPTANCE_COLUMNS = [("corpus", "corpus", "s"), ("schemas", "schemas", "d"),
+                      ("compiled", "xgrammar compiles", "d"),
+                      ("accepted", "Celeris accepts", "d"),
+                      ("ratio", "accepted / compiled", ".3f"), ("seconds", "s", ".2f")]
 COLUMNS = [("config", "config", "s"), ("batch", "batch", "d"), ("requests", "requests", "d"),
            ("tokens", "tokens", "d"), ("seconds", "s", ".2f"), ("tokens_per_s", "tok/s", ".1f"),
            ("ratio", "x unconstrained", ".2f"), ("stop_share", "finished (stop)", ".3f"),
@@ -77,6 +86,81 @@ def valid(kind: str, spec: str, text: str) -> bool:
     except (ValueError, jsonschema.ValidationError):
         return False
     return True
+
+
+def corpus() -> list[dict[str, Any]]:
+    """The acceptance corpus: [{"name", "source", "schema"}]."""
+    return json.loads(CORPUS.read_text(encoding="utf-8"))["schemas"]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", text.splitlines()[0] if text else
+                  type(exc).__name__)[:200]
+
+
+def schema_acceptance(engine: Any, prompt: str = PROMPT) -> dict[str, Any]:
+    """Each corpus schema compiled by xgrammar itself (``Grammar.from_json_schema``, its
+    defaults) and sent as a request sends it: ``response_format`` json_schema through the
+    server's request schema and parameter mapping to ``Engine.prepare``, which compiles the
+    request's grammar (a refusal there is the request's 400). Nothing is generated.
+    Returns the counts and, per schema, (name, xgrammar's error or None, Celeris's error or
+    None)."""
+    import xgrammar as xgr
+
+    from celeris.server.bodies import generation_params
+    from celeris.server.errors import APIError
+    from celeris.server.protocol import CompletionRequest
+
+    start = time.perf_counter()
+    outcomes: list[tuple[str, str | None, str | None]] = []
+    for entry in corpus():
+        try:
+            xgr.Grammar.from_json_schema(json.dumps(entry["schema"]))
+            native = None
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError
+            native = _first_line(exc)
+        try:
+            req = CompletionRequest.model_validate({
+                "prompt": prompt, "max_tokens": 16,
+                "response_format": {"type": "json_schema", "json_schema": {
+                    "name": entry["name"], "schema": entry["schema"], "strict": True}}})
+            params = generation_params(req, engine.default_params())
+            if engine.prepare(req.to_prompt(), params).grammar is None:
+                raise ValueError("no grammar was compiled")
+            ours = None
+        except (APIError, ValueError) as exc:
+            ours = _first_line(exc)
+        outcomes.append((entry["name"], native, ours))
+    compiled = [o for o in outcomes if o[1] is None]
+    accepted = [o for o in compiled if o[2] is None]
+    return {"schemas": len(outcomes), "compiled": len(compiled), "accepted": len(accepted),
+            "ratio": round(len(accepted) / len(compiled), 3) if compiled else None,
+            "seconds": round(time.perf_counter() - start, 2), "outcomes": outcomes}
+
+
+def _acceptance_table(ctx: BenchContext) -> tuple[dict[str, Any], list[str]]:
+    """The schema-acceptance table and its notes."""
+    found = schema_acceptance(ctx.engine)
+    row = {"corpus": CORPUS.name, **{k: v for k, v in found.items() if k != "outcomes"}}
+    refused = [f"{name} ({ours})" for name, native, ours in found["outcomes"]
+               if native is None and ours is not None]
+    beyond = [f"{name} ({native})" for name, native, _ in found["outcomes"]
+              if native is not None]
+    notes = [f"schema acceptance ({CORPUS.name}: pydantic-generated, tool-parameter and "
+             "hand-written JSON schemas): compiled by xgrammar itself, and sent as "
+             "response_format json_schema through the request path to Engine.prepare "
+             "(compilation only, no generation); Celeris refuses "
+             + ("; ".join(refused) if refused else "none that xgrammar compiles"),
+             "schemas xgrammar itself does not compile (not counted): "
+             + ("; ".join(beyond) if beyond else "none"),
+             "accepted is compiled, not every keyword enforced: xgrammar 0.2.9 lets through "
+             "answers that break not, if/then/else, dependentRequired, uniqueItems, contains, "
+             "multipleOf on numbers, length bounds beside a pattern or format, and oneOf's "
+             "exclusivity"]
+    return ({"name": "schema_acceptance", "rows": [row],
+             "title": "schema acceptance: real-world JSON schemas, compile only",
+             "columns": [list(c) for c in ACCEPTANCE_COLUMNS]}, notes)
 
 
 def _chunk(ctx: BenchContext, prompt: Any, specs: list, params: list, tally: dict) -> None:
@@ -232,7 +316,10 @@ def run_structured(ctx: BenchContext) -> dict[str, Any]:
              f"each grammar was compiled (and run once, 8 tokens) before timing: "
              f"{warm:.1f} s for the {len(constraints())}; batches alternate unconstrained and "
              "constrained chunk by chunk"]
+    acceptance, acceptance_notes = _acceptance_table(ctx)
     settings = {"model": ctx.engine.model_dir.name, "prompt": PROMPT,
                 "max_tokens": ctx.gen_length, "temperature": 0.0}
-    return section("structured", "Structured output: constrained vs unconstrained", COLUMNS,
-                   rows, settings, notes)
+    out = section("structured", "Structured output: constrained vs unconstrained", COLUMNS,
+                  rows, settings, notes + acceptance_notes)
+    out["tables"] = [acceptance]
+    return out
