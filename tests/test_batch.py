@@ -135,6 +135,48 @@ def test_both_formats_parse_into_the_same_job_shape(tmp_path):
     assert jobs[1].overrides["steps"] == 32 and "model" not in jobs[1].overrides
 
 
+def test_chat_lines_with_tools_record_their_calls_as_the_server_answers(tmp_path, capsys):
+    """tools / tool_choice / parallel_tool_calls on a chat line (both formats) go through the
+    server's ToolPlan on the shipped model: ``required`` gives calls whose arguments validate
+    and finish_reason "tool_calls"; a named function without parallel calls gives that one
+    call; a plain line beside them is unchanged; tool_choice without tools is refused."""
+    import jsonschema
+
+    from celeris import EXAMPLE_TOOLS
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in EXAMPLE_TOOLS}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    src = _write(tmp_path / "in.jsonl", [
+        {"custom_id": "required", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": ask, "tools": EXAMPLE_TOOLS, "tool_choice": "required",
+                  "max_tokens": 96}},
+        {"id": "named", "messages": ask, "tools": EXAMPLE_TOOLS, "max_tokens": 96,
+         "tool_choice": {"type": "function", "function": {"name": "add"}},
+         "parallel_tool_calls": False},
+        {"id": "plain", "messages": ask, "max_tokens": 8},
+        {"id": "no-tools", "messages": ask, "tool_choice": "required"}])
+    out, err = tmp_path / "out.jsonl", tmp_path / "err.jsonl"
+    assert _batch(str(src), "--output", str(out), "--errors", str(err), "--skip-invalid",
+                  "--model", str(ROOT / "models" / "celeris-tiny-bd")) == 1   # the refusal
+    (refused,) = _records(err)
+    assert refused["custom_id"] == "no-tools" and refused["line"] == 4
+    assert "tool_choice 'required' needs tools" in refused["error"]["message"]
+    answers = {r["custom_id"]: r["response"]["body"]["choices"][0] for r in _records(out)}
+    for cid in ("required", "named"):
+        answer = answers[cid]
+        assert answer["finish_reason"] == "tool_calls", answer
+        calls = answer["message"]["tool_calls"]
+        assert calls and answer["message"]["content"] is None
+        for call in calls:
+            assert call["type"] == "function" and call["id"].startswith("call_")
+            jsonschema.validate(json.loads(call["function"]["arguments"]),
+                                schemas[call["function"]["name"]])
+    assert [c["function"]["name"] for c in answers["named"]["message"]["tool_calls"]] == ["add"]
+    plain = answers["plain"]
+    assert "tool_calls" not in plain["message"] and isinstance(plain["message"]["content"], str)
+    assert plain["finish_reason"] in ("stop", "length")
+
+
 # ---------------------------------------------------------------------- resume
 def test_changed_input_is_refused_unless_restart(tmp_path, model, capsys):
     src = _write(tmp_path / "in.jsonl", _jobs(2))

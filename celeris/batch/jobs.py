@@ -6,7 +6,8 @@ Two line formats:
   simple:       {"id", "prompt" | "messages", ...GenerationParams fields or max_tokens}
 A body (or a simple line without its id) is checked by the server's own request schema
 (``celeris.server.protocol``): the fields, types and messages are the ones /v1 uses, so a line
-means the same in-process and with ``--url``. Every problem is reported with its line number.
+means the same in-process and with ``--url`` (a chat line's ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` included: runners.py). Every problem is reported with its line number.
 """
 
 from __future__ import annotations

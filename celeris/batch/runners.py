@@ -4,7 +4,10 @@ Both hand back ``Outcome``s in the OpenAI batch output shape. The remote runner 
 ``openai`` client, whose own retries cover 408/409/429/5xx, timeouts and dropped connections
 (exponential backoff with jitter, Retry-After honoured). A failure that may pass with time
 (429, 503, 504, a timeout, no answer, out of memory) is recorded as retryable: a rerun of the
-job tries that line again instead of counting it as done.
+job tries that line again instead of counting it as done. A chat line's ``tools``,
+``tool_choice`` and ``parallel_tool_calls`` (or tool turns in its history) go through the
+server's own ``ToolPlan`` in-process: the prompt in the family's syntax, the call grammar, and
+an answer with calls recorded as ``tool_calls`` with finish reason "tool_calls".
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Sequence
 
 from celeris.params import GenerationParams
 
-from .jobs import Job, resolve_params
+from .jobs import Job, check_body, resolve_params
 
 RETRYABLE_STATUS = frozenset({0, 408, 429, 503, 504})
 
@@ -85,39 +88,64 @@ class LocalRunner:
         from celeris.server.errors import context_message
 
         check_model(job, [self.model_name])
+        prompt, params, _ = self.request(job, params)
         try:
-            self.engine.prepare(job.prompt, params)
+            self.engine.prepare(prompt, params)
         except ContextLengthError as exc:
             if not exc.gen_length:
                 raise
             raise ValueError(context_message(exc.prompt_tokens, exc.gen_length, exc.limit,
                                              job.length_field)) from None
 
+    def request(self, job: Job, params: GenerationParams) -> tuple[Any, GenerationParams, Any]:
+        """(prompt, params, the server's ToolPlan or None) of a job: a chat line that gives
+        tools or has tool turns is rendered and constrained as /v1/chat/completions does it
+        (a refusal is a ValueError with the server's message)."""
+        if not job.is_chat:
+            return job.prompt, params, None
+        from celeris.server.errors import APIError
+        from celeris.server.tools import ToolPlan
+
+        req = check_body(job.endpoint, job.body)
+        try:
+            plan = ToolPlan.of(req, self.engine)
+            if plan is None:
+                return job.prompt, params, None
+            return (plan.prompt(self.engine, job.prompt),
+                    plan.params(params, req.parallel_tool_calls), plan)
+        except APIError as exc:
+            raise ValueError(exc.message) from None
+
     def run(self, jobs: Sequence[Job]) -> list[Outcome]:
         """One batch; when it fails, each job alone (a smaller batch), to find the one
         that fails or to fit in memory. A job that fails alone is an error outcome: the
         run goes on with the next one."""
-        params = [resolve_params(j.overrides, self.base, j.custom_id)
-                  for j in jobs]
         try:
+            asked = [self.request(j, resolve_params(j.overrides, self.base, j.custom_id))
+                     for j in jobs]
             results = self.engine.generate_batch(
-                [j.prompt for j in jobs], params,
+                [prompt for prompt, _, _ in asked], [params for _, params, _ in asked],
                 [f"req_{_short_hash(j.custom_id)}" for j in jobs])
         except Exception as exc:   # noqa: BLE001 - recorded on the job's line
             if len(jobs) == 1:
                 return [failure_outcome(jobs[0], exc)]
             return [o for j in jobs for o in self.run([j])]
-        return [self._outcome(j, r) for j, r in zip(jobs, results)]
+        return [self._outcome(j, r, plan) for j, r, (_, _, plan) in zip(jobs, results, asked)]
 
-    def _outcome(self, job: Job, result: Any) -> Outcome:
+    def _outcome(self, job: Job, result: Any, tools: Any = None) -> Outcome:
         text, finish = result.text, str(result.finish_reason)
         if finish == "abort":
             return Outcome(job, 504, None, "the request was aborted (timeout)")
+        calls = None
+        if tools is not None and tools.reads_calls():     # as the server reads them
+            calls = tools.answer(result)
+            finish = "tool_calls" if calls[1] and finish == "stop" else finish
         return Outcome(job, 200, completion_body(job, text, finish, len(result.token_ids),
                                                  result.usage.prompt_tokens, self.model_name,
                                                  {"seed": result.seed, "nfe": result.nfe,
                                                   "steps": result.steps,
-                                                  "elapsed_s": round(result.timings.total_s, 4)}))
+                                                  "elapsed_s": round(result.timings.total_s, 4)},
+                                                 calls))
 
 
 def failure_outcome(job: Job, exc: BaseException) -> Outcome:
@@ -135,12 +163,19 @@ def check_model(job: Job, served: Sequence[str]) -> None:
 
 
 def completion_body(job: Job, text: str, finish: str, completion: int, prompt: int,
-                    model: str, extra: dict[str, Any]) -> dict[str, Any]:
-    """An OpenAI chat.completion / text_completion object."""
+                    model: str, extra: dict[str, Any],
+                    calls: tuple[str | None, list[dict[str, Any]]] | None = None
+                    ) -> dict[str, Any]:
+    """An OpenAI chat.completion / text_completion object; ``calls``: (content, tool_calls)
+    of an answer read for tool calls (content None beside calls, as the server sends it)."""
     h = _short_hash(job.custom_id)
     if job.is_chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "finish_reason": finish}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls is not None:
+            message["content"] = calls[0] if calls[1] else calls[0] or ""
+            if calls[1]:
+                message["tool_calls"] = calls[1]
+        choice = {"index": 0, "message": message, "finish_reason": finish}
         head = {"id": f"chatcmpl-{h}", "object": "chat.completion"}
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
