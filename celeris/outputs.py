@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Sequence
 
 
 class FinishReason(str, Enum):
@@ -170,3 +170,19 @@ class GenerationResult:
             "usage": self.usage.to_dict(),
             "seed": self.seed,
         }
+
+
+def settled_text(text: str, stops: Sequence[str]) -> str:
+    """The part of a growing answer text that later steps can no longer change: without a
+    trailing partial UTF-8 character (decoded as U+FFFD) and without a tail that could still
+    grow into one of ``stops`` (a stop string, which would be cut off; a tool call's opening
+    marker). A text built from it as the answer grows is always a prefix of the final text.
+    The engine's step events, the server's stream and the tool-call reader all use it."""
+    text = text.rstrip("\ufffd")
+    hold = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), hold, -1):
+            if text.endswith(stop[:k]):
+                hold = k
+                break
+    return text[:len(text) - hold]

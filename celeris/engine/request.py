@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..config import NonFiniteLogitsError
-from ..outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage
+from ..outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage, settled_text
 from ..params import GenerationParams
 
 Item = StepEvent | GenerationResult | BaseException
@@ -37,15 +37,6 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
     """Cut ``text`` at the first occurrence of any stop string."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
-
-
-def settled_text(text: str, stops: Sequence[str]) -> str:
-    """The part of a growing text that can no longer change: without a trailing partial
-    UTF-8 character (decoded as U+FFFD) and without a tail that could still become a stop
-    string. A streamed text built from it is always a prefix of the final text."""
-    text = text.rstrip("\ufffd")
-    hold = max((n for s in stops for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
-    return text[:len(text) - hold]
 
 
 @dataclass(eq=False)

@@ -30,6 +30,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..outputs import settled_text
+
 CHOICES = ("none", "auto", "required")
 # Two small functions the shipped models' context holds: the playground's example, the bench's
 EXAMPLE_TOOLS: list[dict[str, Any]] = [
@@ -175,7 +177,7 @@ class ToolSyntax:
             i = text.find(self.open, pos)
             if i < 0:
                 rest = text[pos:]
-                content.append(rest if final else rest[:len(rest) - _partial(rest, self.open)])
+                content.append(rest if final else settled_text(rest, (self.open,)))
                 break
             content.append(text[pos:i])
             m = head.match(text, i)
@@ -253,14 +255,6 @@ class CallStream:
                 deltas.append({"index": k, "function": {"arguments": args[self.sent[k]:]}})
                 self.sent[k] = len(args)
         return new, deltas
-
-
-def _partial(text: str, marker: str) -> int:
-    """The length of the longest tail of ``text`` that begins ``marker``."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 def _json_end(text: str, start: int) -> int | None:

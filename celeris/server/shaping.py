@@ -87,18 +87,3 @@ class Shapes:
                 "confidences": [round(c, 5) for c in event.confidences],
                 "edited": list(event.edited), "draft": list(event.draft),
                 "nfe": event.nfe, "elapsed_s": round(event.elapsed, 6), "text": event.text}
-
-
-def stable_text(text: str, stops: tuple[str, ...]) -> str:
-    """The part of a committed-prefix text that later steps cannot change: without trailing
-    U+FFFD (a UTF-8 character split across tokens) and without a tail that could still grow
-    into a stop string (which would then be cut off)."""
-    text = text.rstrip("\ufffd")
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return text[:len(text) - hold]
-

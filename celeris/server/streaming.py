@@ -1,7 +1,7 @@
 """Server-Sent Events for ``stream: true``, in OpenAI's chunk shapes.
 
 Deltas are append-only: each chunk carries the new part of the *stable* committed-prefix text
-(see ``shaping.stable_text``), so a client that concatenates deltas ends with exactly the
+(see ``outputs.settled_text``), so a client that concatenates deltas ends with exactly the
 final text. With ``celeris_denoise_events`` every denoising step is also sent as a separate
 ``event: celeris.denoise`` carrying the canvas. An error after the stream started is sent as a
 final ``data: {"error": ...}`` event (the OpenAI SDK raises it), then ``data: [DONE]``.
@@ -15,9 +15,9 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
 
-from ..outputs import GenerationResult, StepEvent
+from ..outputs import GenerationResult, StepEvent, settled_text
 from .errors import from_exception
-from .shaping import Shapes, stable_text
+from .shaping import Shapes
 
 DONE = "data: [DONE]\n\n"
 
@@ -70,7 +70,7 @@ async def sse_events(head: list[Any], items: AsyncIterator[Any], shapes: Shapes,
             if isinstance(item, StepEvent):
                 if denoise:
                     yield sse(shapes.denoise(item), event="celeris.denoise")
-                stable = stable_text(item.text, stops)
+                stable = settled_text(item.text, stops)
                 if calls is not None:
                     new, deltas = calls.feed(stable)
                     if new or deltas:
