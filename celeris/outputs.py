@@ -127,6 +127,20 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One answer token's log-probability (``logprobs``): from the distribution of the step
+    that committed it, with that step's ``top`` most likely (token, logprob) pairs. A token
+    the grammar wrote (jump-forward) has logprob 0.0 and itself as its only alternative."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+LOGPROB_FLOOR = -9999.0   # log(0) as JSON can carry it
+
+
+@dataclass(frozen=True)
 class GenerationResult:
     """The final outcome of one request.
 
@@ -145,6 +159,7 @@ class GenerationResult:
     usage: Usage
     seed: int
     params: dict[str, Any] = field(default_factory=dict)
+    logprobs: tuple[TokenLogprob, ...] | None = None   # aligned with token_ids, if asked
 
     @property
     def tokens_per_forward(self) -> float:
@@ -169,6 +184,9 @@ class GenerationResult:
             "tokens_per_s": round(self.tokens_per_s, 3),
             "usage": self.usage.to_dict(),
             "seed": self.seed,
+            **({} if self.logprobs is None else {"logprobs": [
+                {"token": t.token, "logprob": t.logprob, "top": [list(p) for p in t.top]}
+                for t in self.logprobs]}),
         }
 
 

@@ -25,6 +25,10 @@ MAX_CFG_SCALE = 20.0
 MAX_STOP_STRINGS = 8
 MAX_SEED = 2**63 - 1
 MAX_POST_EDIT_STEPS = 256
+MAX_TOP_LOGPROBS = 20     # OpenAI's top_logprobs range
+MAX_LOGIT_BIAS = 100.0     # OpenAI's logit_bias values: [-100, 100]
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_PENALTY = 2.0         # OpenAI's presence/frequency penalty range: [-2, 2]
 
 # Dream's names for its unmasking orders map onto our confidence measures.
 DREAM_ALGS = {"maskgit_plus": "low_confidence", "topk_margin": "margin",
@@ -89,6 +93,22 @@ class GenerationParams:
                   "grammar" (EBNF) or "structural_tag" (xgrammar's structural tag, as JSON
                   text: tool calls are decoded under one). The answer read left to right is always a prefix the
                   grammar accepts, and it ends at the grammar's end (sampler/grammar.py).
+    logprobs:     None = off; k in [0, 20] = report each answer token's log-probability and
+                  its k most likely alternatives, from the distribution of the step that
+                  committed it (the one its confidence comes from: temperature 1, after the
+                  row's filters, grammar and biases). Costs nothing to rows that do not ask.
+    logit_bias:   OpenAI's logit_bias: (token id, bias) pairs, sorted by id (a dict or a list
+                  of pairs is accepted), ids >= 0 and below the model's vocabulary (checked
+                  when the engine prepares the request), biases in [-100, 100], at most 300.
+    presence_penalty / frequency_penalty: OpenAI's penalties, each in [-2, 2] (0 = off).
+                  At every denoising step each row's logits get ``+ bias[token]`` and
+                  ``- presence_penalty * (count[token] > 0) - frequency_penalty *
+                  count[token]``, count being over the answer tokens the row has committed so
+                  far (not the prompt, not masks); this comes before the grammar mask, the EOS
+                  handling, top-k/top-p and temperature, so a bias never makes a
+                  grammar-invalid token valid. -100 effectively bans a token, +100
+                  effectively forces it wherever it is allowed. Costs nothing to rows that
+                  ask for none.
     """
 
     gen_length: int = 128
@@ -113,6 +133,10 @@ class GenerationParams:
     max_post_edit_steps: int = 16
     confidence_dtype: str = "float32"
     structured: tuple[str, str] | None = None
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if self.steps == 0 and not isinstance(self.steps, bool):
@@ -123,6 +147,7 @@ class GenerationParams:
             object.__setattr__(self, "stop", (self.stop,))
         elif isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "logit_bias", _logit_bias_pairs(self.logit_bias))
         if self.remasking in DREAM_ALGS:
             object.__setattr__(self, "remasking", DREAM_ALGS[self.remasking])
         _validate(self)
@@ -156,6 +181,7 @@ class GenerationParams:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["stop"] = list(self.stop)
+        out["logit_bias"] = [list(pair) for pair in self.logit_bias]     # JSON: pairs
         return out
 
     @classmethod
@@ -235,6 +261,41 @@ def _validate(p: GenerationParams) -> None:
     _check_choice("confidence_dtype", p.confidence_dtype, CONFIDENCE_DTYPES)
     if p.structured is not None:
         _check_structured(p)
+    if p.logprobs is not None:
+        _check_int("logprobs", p.logprobs, 0, MAX_TOP_LOGPROBS)
+    _check_float("presence_penalty", p.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+    _check_float("frequency_penalty", p.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+
+
+def _logit_bias_pairs(value: Any) -> tuple[tuple[int, float], ...]:
+    """logit_bias as given (a dict, or a list/tuple of (id, bias) pairs) -> validated
+    (id, bias) pairs sorted by id; the error names logit_bias and what is allowed."""
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        pairs = list(value)
+    else:
+        raise ValueError(f"logit_bias must be a mapping of token id -> bias or a list of "
+                         f"(token id, bias) pairs, got {value!r}")
+    if len(pairs) > MAX_LOGIT_BIAS_ENTRIES:
+        raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} token ids, "
+                         f"got {len(pairs)}")
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise ValueError(f"logit_bias entries must be (token id, bias) pairs, got "
+                             f"{pair!r}")
+        token, bias = pair
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ValueError(f"logit_bias token ids must be integers >= 0, got {token!r}")
+        if token in out:
+            raise ValueError(f"logit_bias gives token id {token} more than once")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or \
+                not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:      # NaN fails this too
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got "
+                             f"{bias!r} for token id {token}")
+        out[token] = float(bias)
+    return tuple(sorted(out.items()))
 
 
 def _check_steps(p: GenerationParams) -> None:

@@ -29,12 +29,13 @@ from ..config import (ContextLengthError, EngineBusyError, EngineClosedError, En
                       EngineOutOfMemoryError, ModelLoadError)
 from ..model.compiled import CompiledForward
 from ..model.dispatch import main_device, memory_info
-from ..outputs import GenerationResult, StepEvent, StepTiming
+from ..outputs import GenerationResult, StepEvent, StepTiming, TokenLogprob
 from ..params import GenerationParams
 from ..tokenizer import Messages, Tokenizer
 from .request import Request, Status
 from .runner import Runner
 from .scheduler import Scheduler
+from .scoring import can_score, score_tokens
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -177,6 +178,29 @@ class Engine:
                 ) -> Request:
         """Validate and tokenise one request (raises ValueError with a clear message)."""
         params = params or self._defaults
+        ids = self.prompt_ids(prompt)
+        limit = self.model.config.max_position_embeddings
+        if len(ids) + params.gen_length > limit:
+            raise ContextLengthError(len(ids), params.gen_length, limit)
+        if len(ids) > self.config.max_prompt_tokens:
+            raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
+        self.layout.check(params, canvas, self.model_dir.name)   # what the family refuses
+        top = params.logit_bias[-1][0] if params.logit_bias else -1      # sorted by id
+        if top >= self.model.config.vocab_size:
+            raise ValueError(f"logit_bias token ids must be in [0, "
+                             f"{self.model.config.vocab_size}) (this model's vocabulary), "
+                             f"got {top}")
+        grammar = None
+        if params.structured is not None:
+            grammar = self._grammar_row(params.structured, canvas)
+            params = params if params.early_stop else params.replace(early_stop=True)
+        seed = params.seed if params.seed is not None else secrets.randbits(62)
+        return Request(request_id or new_request_id(), tuple(ids), params, seed,
+                       None if canvas is None else tuple(canvas), decode=self.tokenizer.decode,
+                       grammar=grammar)
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The token ids a prompt is denoised after (validated as ``prepare`` does)."""
         if _is_ids(prompt):
             ids = list(prompt)
             vocab = self.model.config.vocab_size
@@ -186,20 +210,29 @@ class Engine:
         else:
             ids = self.tokenizer.encode_prompt(prompt)
         Tokenizer.check_prompt_ids(ids, self.tokenizer.special)
+        return ids
+
+    def score(self, prompt: Prompt, top: int = 0) -> list[TokenLogprob | None]:
+        """Each prompt token's log p(x_i | x_<i) with i and what follows masked (the first
+        None), with its ``top`` alternatives (``scoring.py``); between denoising steps."""
+        why = can_score(self.model)
+        if why is not None:
+            raise ValueError(f"{self.family.display}: {why}")
+        ids = self.prompt_ids(prompt)
         limit = self.model.config.max_position_embeddings
-        if len(ids) + params.gen_length > limit:
-            raise ContextLengthError(len(ids), params.gen_length, limit)
-        if len(ids) > self.config.max_prompt_tokens:
-            raise ContextLengthError(len(ids), 0, self.config.max_prompt_tokens)
-        self.layout.check(params, canvas, self.model_dir.name)   # what the family refuses
-        grammar = None
-        if params.structured is not None:
-            grammar = self._grammar_row(params.structured, canvas)
-            params = params if params.early_stop else params.replace(early_stop=True)
-        seed = params.seed if params.seed is not None else secrets.randbits(62)
-        return Request(request_id or new_request_id(), tuple(ids), params, seed,
-                       None if canvas is None else tuple(canvas), decode=self.tokenizer.decode,
-                       grammar=grammar)
+        if len(ids) > limit:
+            raise ContextLengthError(len(ids), 0, limit)
+        return score_tokens(self.model, ids, self.special.mask, top, self.device,
+                            lock=lambda: self._model_lock)
+
+    def suffix_request(self, prompt: str, suffix: str, params: GenerationParams | None
+                       ) -> tuple[list[int], list[int], GenerationParams]:
+        """(prompt ids, canvas, params) to fill the gap between ``prompt`` and ``suffix``
+        (at most gen_length tokens, ending early at a stop token): the Infill path."""
+        params = params or self._defaults
+        marker = "\x00gap\x00"
+        return self.infill_request(prompt + marker + suffix, params, params.gen_length,
+                                   marker, max_span=params.gen_length)
 
     def _grammar_row(self, structured: tuple[str, str], canvas: Any) -> Any:
         """A request's grammar state (the compiler is built at the first such request)."""
@@ -252,11 +285,12 @@ class Engine:
         return split_infill(text, marker)[0] + result.text
 
     def infill_request(self, text: str, params: GenerationParams | None, span: int,
-                       marker: str) -> tuple[list[int], list[int], GenerationParams]:
+                       marker: str, max_span: int = 64
+                       ) -> tuple[list[int], list[int], GenerationParams]:
         """(prompt ids, pinned canvas, params) for an infill text (``infill.py``); the
         layout refuses it where its family writes left to right."""
         prompt, canvas, params = infill_canvas(self.tokenizer, text, params or self._defaults,
-                                               span, marker)
+                                               span, marker, max_span)
         self.layout.check(params, canvas, self.model_dir.name)
         return prompt, canvas, params
 

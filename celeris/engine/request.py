@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..config import NonFiniteLogitsError
-from ..outputs import FinishReason, GenerationResult, StepEvent, Timings, Usage, settled_text
+from ..outputs import (LOGPROB_FLOOR, FinishReason, GenerationResult, StepEvent, Timings,
+                       TokenLogprob, Usage, settled_text)
 from ..params import GenerationParams
 
 Item = StepEvent | GenerationResult | BaseException
@@ -75,6 +76,9 @@ class Request:
     draft: tuple[int, ...] = ()   # tokens the sampler holds for the unit, not accepted yet
     grammar: Any = None           # structured output: the row's grammar state (GrammarRow)
     forced: tuple[int, ...] = ()  # this step's commits the grammar wrote (answer positions)
+    # ``logprobs``: answer position -> (logprob, top pairs) from the step that committed it
+    logprobs: dict[int, tuple[float, tuple[tuple[int, float], ...]]] = field(
+        default_factory=dict)
     settling: bool = False       # token editing: the unit may still change (no advance/end)
     post_edits: int = 0          # forwards spent editing the unit after its last mask went
     prefix: int = 0              # end of the contiguous committed prefix (absolute)
@@ -136,6 +140,21 @@ class Request:
                 self.stop_at = self.prefix
             else:
                 self.prefix += 1
+
+    def note_logprobs(self, chosen: Sequence[float], top_values: Sequence[Sequence[float]],
+                      top_ids: Sequence[Sequence[float]]) -> None:
+        """Record this step's commits' log-probabilities (``logprobs``), from the unit's
+        per-column chosen-token logprobs and top lists (before ``lo`` moves)."""
+        k, P, forced = self.params.logprobs, self.prompt_len, set(self.forced)
+        for pos in self.committed:
+            if pos in forced:        # written by the grammar, not chosen by the model
+                tok = self.seq[P + pos]
+                self.logprobs[pos] = (0.0, ((tok, 0.0),) if k else ())
+                continue
+            j = pos + P - self.lo
+            top = tuple((int(t), max(float(v), LOGPROB_FLOOR))
+                        for t, v in zip(top_ids[j][:k], top_values[j][:k]))
+            self.logprobs[pos] = (max(float(chosen[j]), LOGPROB_FLOOR), top)
 
     def check_finish(self, now: float, stops_at_eos: bool) -> FinishReason | None:
         """The one place that ends a request, in this order: abort, non-finite logits (an
@@ -225,7 +244,19 @@ class Request:
             timings=Timings(total_s=time.perf_counter() - self.arrival,
                             first_block_s=self.first_block_s, queue_s=self.queue_s),
             usage=Usage(prompt_tokens=self.prompt_len, completion_tokens=len(token_ids)),
-            seed=self.seed, params=self.params.to_dict())
+            seed=self.seed, params=self.params.to_dict(),
+            logprobs=None if self.params.logprobs is None else self._token_logprobs(
+                token_ids, cut))
+
+    def _token_logprobs(self, token_ids: Sequence[int], cut: bool) -> tuple[TokenLogprob, ...]:
+        """The answer tokens' entries, and the stop token that ended the answer, if one did
+        (as OpenAI's servers report it: a last token whose text is empty)."""
+        out = [TokenLogprob(t, *self.logprobs.get(i, (0.0, ())))
+               for i, t in enumerate(token_ids)]
+        end = len(token_ids)
+        if not cut and self.stop_at - self.prompt_len == end and end in self.logprobs:
+            out.append(TokenLogprob(self.seq[self.stop_at], *self.logprobs[end]))
+        return tuple(out)
 
     def outcome(self, encode: Callable[[str], list[int]]) -> Item:
         """What the client gets at the end: the result, or the error that ended it."""

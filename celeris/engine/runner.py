@@ -107,8 +107,9 @@ class Runner:
         knobs = self.knobs(reqs)
         fronts = {b: r.seq.index(mask, r.lo, r.hi) - r.lo
                   for b, r in enumerate(reqs) if r.grammar is not None}
-        x0, conf, p_x0, check = knobs.choose(
-            logits, widths[:B], (lambda lg: self._constrain(lg, reqs, fronts)) if fronts else None)
+        counts = self._counts(reqs, logits.shape[-1]) if knobs.any_penalty else None
+        constrain = (lambda lg: self._constrain(lg, reqs, fronts)) if fronts else None
+        x0, conf, p_x0, check = knobs.choose(logits, widths[:B], constrain, counts)
         take = self._greedy_first(reqs, knobs.select(conf, active, k), active)
         if knobs.any_edit:         # committed answer tokens of the unit may be replaced
             first = torch.tensor([max(r.prompt_len - r.lo, 0) for r in reqs], device=dev)
@@ -119,6 +120,9 @@ class Runner:
         # one sync; commits read a position's token and confidence only where it is taken
         # (cat promotes to conf's float32, which holds every token id below 2**24 exactly)
         host = torch.cat([x0, take, conf, check[:, None]], 1).tolist()
+        tops = [t.tolist() for t in knobs.tops] if knobs.any_logprobs else None  # if asked
+        asking = {b: m for m, b in enumerate(
+            b for b, r in enumerate(reqs) if r.params.logprobs is not None)}
         for b, (r, row, w) in enumerate(zip(reqs, host, widths)):
             self.layout.after_forward(r)
             if not math.isfinite(row[-1]):
@@ -131,6 +135,20 @@ class Runner:
                 *picks, forced = r.grammar.settle(*picks, fronts[b], masked)
                 r.forced = tuple(r.lo + j - r.prompt_len for j in forced)
             r.commit(*picks, mask, self.special.stop)
+            if r.params.logprobs is not None:
+                m = asking[b]
+                r.note_logprobs(*(t[m] for t in tops))
+
+    def _counts(self, reqs: list[Request], vocab: int) -> torch.Tensor:
+        """(B, V) float32: how often each token occurs among a row's committed answer tokens
+        (not the prompt, not masks), for the presence/frequency penalties; zero for the
+        rows without one."""
+        mask = self.special.mask
+        flat = long_tensor((b * vocab + t for b, r in enumerate(reqs)
+                            if r.params.presence_penalty or r.params.frequency_penalty
+                            for t in r.seq[r.prompt_len:] if t != mask), self.device)
+        counts = torch.bincount(flat, minlength=len(reqs) * vocab)
+        return counts.view(len(reqs), vocab).float()
 
     @staticmethod
     def _constrain(logits: torch.Tensor, reqs: list[Request], fronts: dict[int, int]) -> None:

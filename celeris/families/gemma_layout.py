@@ -36,7 +36,8 @@ step the samples and the renoising draw, also at temperature 0), so a request se
 (tests/test_diffusion_gemma.py). Sampler settings come from the checkpoint's
 generation_config.json (``diffusion_gemma.read_sampler``). GenerationParams' decoding,
 remasking, threshold, factor, confidence_dtype and token editing do not apply to this sampler: a request that
-sets them is refused naming the field (``check``).
+sets them is refused naming the field (``check``); so are logit_bias and the presence/frequency
+penalties, which only the shared sampler (``RowKnobs.choose``) applies.
 """
 
 from __future__ import annotations
@@ -147,7 +148,11 @@ class GemmaLayout:
                                   ("edit_threshold", not params.edits, "unset"),
                                   ("confidence_dtype", params.confidence_dtype == "float32",
                                    "'float32'"),
-                                  ("structured", params.structured is None, "unset")):
+                                  ("logit_bias", not params.logit_bias, "empty"),
+                                  ("presence_penalty", params.presence_penalty == 0, "0"),
+                                  ("frequency_penalty", params.frequency_penalty == 0, "0"),
+                                  ("structured", params.structured is None, "unset"),
+                                  ("logprobs", params.logprobs is None, "unset")):
             if not ok:
                 raise ValueError(f"{name} must be {allowed} for DiffusionGemma (its "
                                  f"entropy-bound sampler decides what a step accepts and has "

@@ -13,10 +13,11 @@ from ..params import GenerationParams
 
 
 def infill_canvas(tokenizer: Any, text: str, params: GenerationParams, span: int,
-                  marker: str) -> tuple[list[int], list[int], GenerationParams]:
+                  marker: str, max_span: int = 64
+                  ) -> tuple[list[int], list[int], GenerationParams]:
     """(prompt ids, canvas, params): the text before the first span is the prompt."""
-    if not isinstance(span, int) or not 1 <= span <= 64:
-        raise ValueError(f"span must be an integer in [1, 64], got {span!r}")
+    if not isinstance(span, int) or not 1 <= span <= max_span:
+        raise ValueError(f"span must be an integer in [1, {max_span}], got {span!r}")
     parts = split_infill(text, marker)
     if len(parts) < 2:
         raise ValueError(f"infill text must contain at least one {marker} span")

@@ -2,9 +2,10 @@
 
 ``RowKnobs`` holds every row's decoding knobs as (B,)-shaped device tensors, built once when the
 running batch changes, so requests with different temperatures, filters, thresholds, decoding
-rules and remasking share one forward; ``choose`` turns each row's unit logits into a candidate
-token and a confidence per position (and flags rows whose logits are not finite), ``select``
-applies each row's unmask schedule. No host sync happens here: the runner syncs once per step.
+rules, remasking, logit biases and penalties share one forward; ``choose`` turns each row's
+unit logits into a candidate token and a confidence per position (and flags rows whose
+logits are not finite), ``select`` applies each row's unmask schedule. No host sync happens
+here: the runner syncs once per step.
 
 Confidences are float32 by default. Rows with ``confidence_dtype="model"`` take them as the
 upstream samplers do on bfloat16/float16 logits (Fast-dLLM v2's and Dream's ``softmax(logits)``
@@ -58,6 +59,17 @@ class RowKnobs:
         self.suppress = f("suppress_eos", torch.bool)[:, None, None] if self.any_suppress \
             else None
         self.defer = f("defer_eos", torch.bool)[:, None] if self.any_defer else None
+        # OpenAI's logit_bias and presence/frequency penalties, built only when a row asks
+        biased = [(i, t, b) for i, p in enumerate(params) for t, b in p.logit_bias]
+        self.bias_entries = None if not biased else tuple(      # rows, ids, biases: (N,) each
+            torch.tensor(x, dtype=dt, device=device)
+            for x, dt in zip(zip(*biased), (torch.long, torch.long, torch.float32)))
+        self._bias: torch.Tensor | None = None      # (B, V), made from them at the first step
+        self.any_penalty = any(p.presence_penalty or p.frequency_penalty for p in params)
+        self.presence = f("presence_penalty", torch.float32)[:, None] if self.any_penalty \
+            else None
+        self.frequency = f("frequency_penalty", torch.float32)[:, None] if self.any_penalty \
+            else None
         self.any_random = any(p.remasking == "random" for p in params)
         self.any_edit = any(p.edits for p in params)
         self.edit_threshold = torch.tensor([p.edit_threshold if p.edits else 2.0
@@ -74,6 +86,13 @@ class RowKnobs:
                 self.groups.setdefault(attr, []).append((table[name], rows))
         # noise only for the rows that sample: the T = 0 rows' temperatures are never read
         self.sampling = any(p.temperature > 0 for p in params)
+        # log-probabilities only for the rows that ask (``logprobs``): their index, the
+        # widest top list, and the last step's top lists (set by ``choose``)
+        asking = [i for i, p in enumerate(params) if p.logprobs is not None]
+        self.logprob_rows = torch.tensor(asking, dtype=torch.long, device=device)
+        self.any_logprobs = bool(asking)
+        self.top_logprobs = max((params[i].logprobs for i in asking), default=0)
+        self.tops: tuple[torch.Tensor, ...] | None = None
 
     def with_generators(self, generators: Sequence[torch.Generator | None]) -> "RowKnobs":
         """These knobs for a batch whose rows ask the same, with its own rows' generators."""
@@ -139,7 +158,8 @@ class RowKnobs:
         return stats._replace(**new)
 
     def choose(self, logits: torch.Tensor, widths: list[int],
-               constrain: Callable[[torch.Tensor], None] | None = None
+               constrain: Callable[[torch.Tensor], None] | None = None,
+               counts: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x0 (B, W), confidence (B, W), x0's probability (B, W) and a (B,) check, not
         finite exactly for the rows whose logits are not, from logits (B, W, V); row b's
@@ -149,11 +169,18 @@ class RowKnobs:
         With model-dtype rows and bfloat16/float16 logits, this also sets ``threshold`` and
         ``edit_threshold`` to those rows' thresholds in that dtype, for ``select`` and ``edit``.
         ``constrain`` masks the logits of grammar-constrained rows in place (after the check).
+        Before it, every position of a row gets the row's ``logit_bias`` and, with ``counts``
+        ((B, V): each row's committed answer tokens counted; the runner passes them when
+        ``any_penalty``), minus its presence and frequency penalties, in place; a row that
+        asks for neither gets zeros (its logits unchanged), a batch where none asks nothing.
         """
         # a NaN or inf logit makes its row's sum non-finite: one reduction instead of a
         # (B, W, V) mask (38% of a step at a 157k vocabulary)
         check = logits.sum((1, 2), dtype=torch.float32)                           # (B,)
         logits[..., self.mask_id] = float("-inf")
+        penalise = counts is not None and self.any_penalty
+        if self.bias_entries is not None or penalise:
+            logits += self._adjustment(counts if penalise else None, logits.shape[-1])[:, None]
         if constrain is not None:
             constrain(logits)
         if self.any_suppress:
@@ -172,6 +199,8 @@ class RowKnobs:
         if self.any_model and logits.dtype in (torch.bfloat16, torch.float16):
             self.threshold, self.edit_threshold = self._thresholds_in(logits.dtype)
             stats = self._in_model_dtype(logits, stats)
+        if self.any_logprobs:
+            self.tops = self._tops(logits, stats.x0)
         order = None
         if self.any_random:
             gens = [g if p.remasking == "random" else None
@@ -182,6 +211,30 @@ class RowKnobs:
             is_stop = torch.isin(stats.x0, self.stop_ids)
             conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
         return stats.x0, conf, stats.p_x0, check
+
+    def _tops(self, logits: torch.Tensor, x0: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The asking rows' chosen tokens' log-probabilities (M, W) and their most likely
+        tokens' (values and ids, (M, W, k), k at least 1), from the distribution their
+        confidence is read from (temperature 1, after the filters: p_x0 = exp(logprob))."""
+        idx = self.logprob_rows
+        logp = logits[idx].log_softmax(-1, torch.float32)                        # (M, W, V)
+        chosen = logp.gather(-1, x0[idx][..., None]).squeeze(-1)
+        values, ids = logp.topk(max(self.top_logprobs, 1), dim=-1)
+        return chosen, values, ids
+
+    def _adjustment(self, counts: torch.Tensor | None, vocab: int) -> torch.Tensor:
+        """(B, V) float32 added to every position of a row: its logit biases (dense, built
+        once per batch layout) minus (presence * (count > 0) + frequency * count)."""
+        if self.bias_entries is not None and (self._bias is None
+                                              or self._bias.shape[1] != vocab):
+            rows, ids, biases = self.bias_entries
+            self._bias = torch.zeros(len(self.params), vocab, device=self.device).index_put_(
+                (rows, ids), biases)
+        if counts is None:
+            return self._bias
+        penalty = self.presence * (counts > 0) + self.frequency * counts
+        return -penalty if self._bias is None else self._bias - penalty
 
     def edit(self, x0: torch.Tensor, p_x0: torch.Tensor, tokens: torch.Tensor,
              editable: torch.Tensor) -> torch.Tensor:
