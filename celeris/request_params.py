@@ -9,6 +9,7 @@ finish_reason "length". It is never rounded up to whole blocks here.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping
 
 from .params import MAX_GEN_LENGTH, GenerationParams
@@ -34,10 +35,27 @@ def request_params(fields: Mapping[str, Any], defaults: GenerationParams) -> Gen
         changes["gen_length"] = cap
     if isinstance(changes.get("stop"), str):
         changes["stop"] = (changes["stop"],)
+    if isinstance(changes.get("logit_bias"), Mapping):
+        changes["logit_bias"] = logit_bias_pairs(changes["logit_bias"])
     if "gen_length" in changes and "steps" not in changes:
         block = changes.get("block_length", defaults.block_length)
         changes["steps"] = scaled_steps(defaults, changes["gen_length"], block)
     return GenerationParams.from_dict(changes, defaults)
+
+
+def logit_bias_pairs(bias: Mapping[Any, Any]) -> list[tuple[int, Any]]:
+    """OpenAI's logit_bias, whose JSON keys are token ids written as strings, as (token id,
+    bias) pairs (GenerationParams checks the ids and values); a key that is not an integer
+    is refused naming logit_bias."""
+    pairs = []
+    for key, value in bias.items():
+        if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key):
+            key = int(key)
+        elif isinstance(key, bool) or not isinstance(key, int):
+            raise ValueError(f"logit_bias keys must be token ids (integers, as strings in "
+                             f"JSON), got {key!r}")
+        pairs.append((key, value))
+    return pairs
 
 
 def max_tokens(fields: Mapping[str, Any]) -> int | None:

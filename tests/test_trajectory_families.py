@@ -19,7 +19,7 @@ import torch
 from celeris import Engine, GenerationParams
 from celeris.outputs import GenerationResult, StepEvent
 from celeris.server.shaping import Shapes
-from celeris.server.streaming import sse_events
+from celeris.server.streaming import ChoiceStream, sse_events
 from tests.engine_harness import (EDIT_BLOCK, EDIT_MASK, EDIT_PAD, EDIT_STOP, bare_engine,
                                   editing_model)
 from ui import render
@@ -57,7 +57,8 @@ def denoise_events(events, result) -> list[dict]:
 
     async def collect():
         out = []
-        async for chunk in sse_events([], items(), Shapes(False, "r", "m"), (), False, True,
+        streams = [ChoiceStream(0, [], items())]
+        async for chunk in sse_events(streams, Shapes(False, "r", "m"), (), False, True,
                                       lambda r: str(r.finish_reason)):
             if chunk.startswith("event: celeris.denoise\n"):
                 out.append(json.loads(chunk.split("data: ", 1)[1]))

@@ -45,7 +45,6 @@ async def read_request(request: Request, model: type[_Knobs], max_bytes: int) ->
         raise validation_error(exc) from None
     if req.stream_options is not None and not req.stream:
         raise invalid("stream_options is only allowed with stream: true", "stream_options")
-    req.check_neutral()
     return req
 
 

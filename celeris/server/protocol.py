@@ -18,19 +18,23 @@ from .errors import invalid
 from .structured import structured_of
 
 # Request fields that map 1:1 onto GenerationParams fields (every one but ``stop``, whose
-# request form may be a single string): the one body schema of the routes and batch jobs.
+# request form may be a single string; ``logit_bias``'s string keys become token ids in
+# request_params): the one body schema of the routes and batch jobs.
 KNOBS = ("gen_length", "temperature", "top_p", "top_k", "seed", "steps", "block_length",
          "decoding", "threshold", "factor", "remasking", "cache", "cfg_scale", "suppress_eos",
          "defer_eos", "early_stop", "first_token", "edit_threshold", "max_post_edit_steps",
-         "confidence_dtype")
+         "confidence_dtype", "logit_bias", "presence_penalty", "frequency_penalty")
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "gen_length")
-# OpenAI fields Celeris does not implement, with the value that means "off".
-NEUTRAL: dict[str, Any] = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0,
-                           "logit_bias": {}, "logprobs": False, "echo": False, "best_of": 1,
-                           "suffix": None, "top_logprobs": 0}
+# Fields a batch-job line takes only at the value that means "off" (one answer per line,
+# no scores): the HTTP routes take them all.
+BATCH_NEUTRAL: dict[str, Any] = {"n": 1, "logprobs": False, "echo": False, "best_of": 1,
+                                 "suffix": None, "top_logprobs": 0}
+MAX_N = 64              # samples per prompt (n, best_of)
+MAX_CHOICES = 128       # prompts x samples in one request
+MAX_COMPLETION_LOGPROBS = 20
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Messages for fields whose type is a union (pydantic would report every member).
-TYPE_HINTS = {"prompt": "a string, a list holding one string, or a list of token ids",
+TYPE_HINTS = {"prompt": "a string, a list of token ids, or a list of either (a batch)",
               "stop": "a string or a list of strings",
               "content": "a string or a list of {type: text, text} parts"}
 
@@ -53,6 +57,9 @@ class _Knobs(_Strict):
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    logit_bias: dict[str, float] | None = None     # token id (as a string) -> [-100, 100]
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     # diffusion knobs (extra_body)
     gen_length: int | None = None          # GenerationParams' name for max_tokens
     first_token: str | None = None
@@ -83,11 +90,7 @@ class _Knobs(_Strict):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # accepted only at their neutral value
-    n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    n: int | None = None                   # samples per prompt (sample i: seed + i)
 
     def generation_fields(self) -> dict[str, Any]:
         """The request_params fields of this request (None: not given)."""
@@ -102,34 +105,68 @@ class _Knobs(_Strict):
         return next((k for k in LENGTH_FIELDS if getattr(self, k, None) is not None), None)
 
     def check_neutral(self) -> None:
-        for name, neutral in NEUTRAL.items():
+        """Batch jobs: the fields of BATCH_NEUTRAL only at their neutral value."""
+        for name, neutral in BATCH_NEUTRAL.items():
             value = getattr(self, name, None)
             if value is None or value == neutral or (not neutral and not value):
                 continue
-            raise invalid(f"{name}={value!r} is not supported by this server (only "
-                          f"{neutral!r})", name, "unsupported_parameter")
+            raise invalid(f"{name}={value!r} is not supported in a batch job (only "
+                          f"{neutral!r}: one answer per line)", name, "unsupported_parameter")
+
+    def samples(self) -> tuple[int, int]:
+        """(n, samples to draw): best_of (completions) draws more and keeps the n best."""
+        n = 1 if self.n is None else _count("n", self.n, 1, MAX_N)
+        best_of = getattr(self, "best_of", None)
+        if best_of is None:
+            return n, n
+        drawn = _count("best_of", best_of, n, MAX_N)
+        if drawn > n and self.stream:
+            raise invalid("best_of > n cannot be streamed (the best are known only at the "
+                          "end)", "best_of")
+        return n, drawn
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no log-probabilities; k: each token's and its k best alternatives'."""
+        return None
 
 
 class CompletionRequest(_Knobs):
-    prompt: str | list[str] | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
     logprobs: int | None = None
 
     def to_prompt(self) -> str | list[int]:
+        """The one prompt of a request that gives one (batch-job lines)."""
+        prompts = self.to_prompts()
+        if len(prompts) != 1:
+            raise invalid(f"a batch-job line takes one prompt, got {len(prompts)}", "prompt")
+        return prompts[0]
+
+    def to_prompts(self) -> list[str | list[int]]:
+        """The request's prompts, as OpenAI reads ``prompt``: a string, a list of token ids,
+        or a list of strings or of token-id lists (a batch: one choice per prompt)."""
         prompt = self.prompt
-        if isinstance(prompt, list):
-            if not prompt:
-                raise invalid("prompt must not be empty", "prompt")
-            if isinstance(prompt[0], str):
-                if len(prompt) != 1:
-                    raise invalid(f"only one prompt per request is supported, got "
-                                  f"{len(prompt)}", "prompt")
-                prompt = prompt[0]
-        if prompt == "":
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        if not prompts:
             raise invalid("prompt must not be empty", "prompt")
-        return prompt
+        for i, p in enumerate(prompts):
+            if not p:
+                where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+                raise invalid(f"{where} must not be empty", where)
+        if len(prompts) > MAX_CHOICES:
+            raise invalid(f"prompt may hold at most {MAX_CHOICES} prompts, got "
+                          f"{len(prompts)}", "prompt")
+        return prompts
+
+    def top_logprobs_asked(self) -> int | None:
+        if self.logprobs is None:
+            return None
+        return _count("logprobs", self.logprobs, 0, MAX_COMPLETION_LOGPROBS)
 
 
 class FunctionIn(_Strict):
@@ -216,6 +253,14 @@ class ChatCompletionRequest(_Knobs):
             out.append(message)
         return out
 
+    def top_logprobs_asked(self) -> int | None:
+        top = self.top_logprobs
+        if not self.logprobs:
+            if top is not None:
+                raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        return 0 if top is None else _count("top_logprobs", top, 0, MAX_COMPLETION_LOGPROBS)
+
     def tool_choice_name(self) -> str | None:
         """tool_choice as one string: none, auto, required or the named function."""
         choice = self.tool_choice
@@ -229,3 +274,9 @@ class ChatCompletionRequest(_Knobs):
         if not name:
             raise invalid("tool_choice.function.name is required", "tool_choice.function.name")
         return name
+
+
+def _count(name: str, value: int, lo: int, hi: int) -> int:
+    if not lo <= value <= hi:
+        raise invalid(f"{name} must be in [{lo}, {hi}], got {value}", name)
+    return value

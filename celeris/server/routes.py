@@ -15,12 +15,14 @@ from fastapi.responses import JSONResponse
 
 from ..outputs import FinishReason, GenerationResult, StepEvent
 from .auth import api_key_dependency
+from ..params import GenerationParams
 from .bodies import ClientGone, generation_params, read_request
-from .errors import APIError, context_message, from_exception
+from .choices import Choice, Plan, chat_logprobs, completion_logprobs
+from .errors import APIError, context_message, from_exception, invalid
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .shaping import Shapes
 from .state import ServerState
-from .streaming import EventStream, sse_events
+from .streaming import ChoiceStream, EventStream, sse_events
 from .structured import structured_of
 from .tools import ToolPlan
 
@@ -82,32 +84,55 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         state.metrics.disconnects.labels("sending").inc()
         return Response(status_code=ClientGone.STATUS)
     aengine = state.admit()
+    engine = aengine.engine
     if req.model is not None and req.model != state.model_name:
         raise _unknown_model(req.model, state.model_name)
     prompt_param = "messages" if chat else "prompt"
-    prompt = req.to_prompt()
-    params = generation_params(req, aengine.engine.default_params(), state.context_length())
-    tools = ToolPlan.of(req, aengine.engine)
+    plan = Plan.of(req)
+    if plan.score_only:        # echo with max_tokens 0: the length fields are not asked
+        req = req.model_copy(update={"max_tokens": 1})
+    params = plan.params(generation_params(req, engine.default_params(),
+                                           state.context_length()))
+    tools = ToolPlan.of(req, engine)
     if tools is not None:
-        prompt = tools.prompt(aengine.engine, prompt)
+        plan.prompts = [tools.prompt(engine, plan.prompts[0])]
         params = tools.params(params, req.parallel_tool_calls)
     request_id = uuid.uuid4().hex[:16]
     shapes = Shapes(chat, request_id, state.model_name)
-    items = aengine.stream(prompt, params, request_id, events=req.stream)
-    held: list[StepEvent] = []
-    try:   # the status is decided by the first denoising step (or the result)
-        first = await until_disconnect(request, _first_step(items, held),
-                                       lambda: aengine.abort(request_id))
+    choices = await _choices(engine, plan, params, request_id)
+    if plan.echo:
+        await _echo(engine, plan, choices)
+    if plan.score_only:
+        return JSONResponse(shapes.response(
+            [shapes.choice(c.index, c.echo, "length", logprobs=_logprobs(engine, c, chat, plan))
+             for c in choices], [], sum(len(c.scores or ()) for c in choices)))
+    streams: list[ChoiceStream] = []
+
+    def abort_all() -> None:
+        for c in choices:
+            aengine.abort(c.request_id)
+
+    try:
+        for c in choices:
+            items = aengine.stream(c.prompt, c.params, c.request_id, c.canvas,
+                                   events=req.stream)
+            streams.append(ChoiceStream(c.index, [], items, echo=c.echo if req.stream else "",
+                                        final_text=None if c.canvas is None else
+                                        (lambda r, c=c: _suffix_text(engine, c, r))))
+        for s in streams:   # the status is decided by the first denoising step (or result)
+            first = await until_disconnect(request, _first_step(s.items, s.head), abort_all)
+            if isinstance(first, Disconnected):   # gone before its first byte
+                await _close(streams)
+                state.metrics.disconnects.labels(first.stage).inc()
+                return Response(status_code=ClientGone.STATUS)
+            s.head.append(first)
     except Exception as exc:
-        await items.aclose()
+        abort_all()
+        await _close(streams)
         error = _request_error(exc, prompt_param, req.length_field(), params.gen_length)
         if error.param == "structured":             # the request's own name for it
             error.param = "tools" if tools is not None else structured_of(req)[1]
         raise error from None
-    if isinstance(first, Disconnected):   # the client went away before its first byte
-        await items.aclose()
-        state.metrics.disconnects.labels(first.stage).inc()
-        return Response(status_code=ClientGone.STATUS)
 
     def finish(result: GenerationResult) -> str:
         if result.finish_reason is FinishReason.ABORT:
@@ -115,22 +140,105 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         state.metrics.observe(result)
         return str(result.finish_reason)
 
+    def prompt_tokens() -> int:    # each prompt once (its first sample's count)
+        return sum(s.result.usage.prompt_tokens for s in streams[::plan.drawn] if s.result)
+
     reading = tools is not None and tools.reads_calls()
+    by_index = {c.index: c for c in choices}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        events = sse_events([*held, first], items, shapes, params.stop, include_usage,
-                            req.celeris_denoise_events, finish,
-                            tools.syntax.stream() if reading else None)
-        return EventStream(events, on_close=lambda: aengine.abort(request_id),
+        if reading:
+            streams[0].calls = tools.syntax.stream()
+
+        def logprobs(index: int, result: GenerationResult) -> Any:
+            c = by_index[index]
+            c.result = result
+            return _logprobs(engine, c, chat, plan)
+
+        events = sse_events(streams, shapes, params.stop, include_usage,
+                            req.celeris_denoise_events, finish, logprobs, prompt_tokens)
+        return EventStream(events, on_close=abort_all,
                            on_disconnect=lambda: state.metrics.disconnects.labels(
                                "streaming").inc())
-    await items.aclose()
-    reason = finish(first)
-    if not reading:
-        return JSONResponse(shapes.response(first, reason))
-    content, calls = tools.answer(first)
-    reason = "tool_calls" if calls and reason == "stop" else reason
-    return JSONResponse(shapes.response(first, reason, (content, calls)))
+    await _close(streams)
+    for c, s in zip(choices, streams):
+        c.result, s.result = s.head[-1], s.head[-1]
+    reasons = {id(c): finish(c.result) for c in choices}
+    out = []
+    for c in plan.keep(choices):
+        reason, calls = reasons[id(c)], None
+        if reading:
+            content, found = tools.answer(c.result)
+            reason = "tool_calls" if found and reason == "stop" else reason
+            calls = (content, found)
+        out.append(shapes.choice(c.index, c.text(engine.tokenizer.decode), reason, calls,
+                                 _logprobs(engine, c, chat, plan)))
+    results = [c.result for c in choices]
+    return JSONResponse(shapes.response(out, results, prompt_tokens()))
+
+
+async def _choices(engine: Any, plan: Plan, params: GenerationParams, request_id: str
+                   ) -> list[Choice]:
+    """One Choice per prompt and sample (suffix: the gap's canvas, refused where the
+    family writes left to right)."""
+    choices = []
+    for p, prompt in enumerate(plan.prompts):
+        for i in range(plan.drawn):
+            rid = request_id if len(plan.prompts) * plan.drawn == 1 else \
+                f"{request_id}-{p}-{i}"
+            c = Choice(p * plan.drawn + i, prompt, plan.seeded(params, i), rid)
+            if plan.suffix is not None:
+                await _suffixed(engine, plan, c)
+            choices.append(c)
+    return choices
+
+
+async def _suffixed(engine: Any, plan: Plan, c: Choice) -> None:
+    if not isinstance(c.prompt, str):
+        raise invalid("suffix needs a text prompt (not token ids)", "suffix")
+    try:
+        c.prompt, c.canvas, c.params = await asyncio.to_thread(
+            engine.suffix_request, c.prompt, plan.suffix, c.params)
+    except ValueError as exc:
+        raise invalid(f"suffix: {exc}", "suffix") from None
+    c.gap = sum(1 for t in c.canvas if t == engine.special.mask)
+
+
+async def _echo(engine: Any, plan: Plan, choices: list[Choice]) -> None:
+    """The prompts' text in front of their answers; with logprobs, their tokens' scores
+    (computed once per prompt, between denoising steps)."""
+    done: dict[int, tuple[str, int, Any]] = {}
+    for c in choices:
+        p = c.index // plan.drawn
+        if p not in done:
+            try:
+                ids = await asyncio.to_thread(engine.prompt_ids, c.prompt)
+                scores = None if plan.top is None else await asyncio.to_thread(
+                    engine.score, ids, plan.top)
+            except ValueError as exc:
+                raise invalid(str(exc), "logprobs" if plan.top is not None else "prompt"
+                              ) from None
+            text = c.prompt if isinstance(c.prompt, str) else engine.tokenizer.decode(ids)
+            done[p] = text, ids[0], scores
+        c.echo, c.first, c.scores = done[p]
+
+
+def _suffix_text(engine: Any, c: Choice, result: GenerationResult) -> str:
+    c.result = result
+    return c.text(engine.tokenizer.decode)
+
+
+def _logprobs(engine: Any, c: Choice, chat: bool, plan: Plan) -> dict[str, Any] | None:
+    if plan.top is None:
+        return None
+    pairs = c.logprobs()
+    shape = chat_logprobs if chat else completion_logprobs
+    return shape(pairs, engine.token_strings)
+
+
+async def _close(streams: list[ChoiceStream]) -> None:
+    for s in streams:
+        await s.items.aclose()
 
 
 def _request_error(exc: Exception, prompt_param: str, length_field: str | None,

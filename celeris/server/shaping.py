@@ -8,12 +8,25 @@ from typing import Any
 from ..outputs import GenerationResult, StepEvent
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
-    return result.usage.to_dict()
+def usage(results: list[GenerationResult], prompt_tokens: int) -> dict[str, int]:
+    """OpenAI's usage of a request: each prompt counted once, every sample's answer."""
+    completion = sum(r.usage.completion_tokens for r in results)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+            "total_tokens": prompt_tokens + completion}
 
 
-def celeris_stats(result: GenerationResult) -> dict[str, Any]:
-    """Diffusion-specific numbers, next to the OpenAI fields."""
+def celeris_stats(results: list[GenerationResult]) -> dict[str, Any]:
+    """Diffusion-specific numbers, next to the OpenAI fields: the first choice's, and each
+    choice's when there are several."""
+    if not results:
+        return {}
+    out = _stats(results[0])
+    if len(results) > 1:
+        out["choices"] = [_stats(r) for r in results]
+    return out
+
+
+def _stats(result: GenerationResult) -> dict[str, Any]:
     return {"nfe": result.nfe, "steps": result.steps, "seed": result.seed,
             "tokens_per_forward": round(result.tokens_per_forward, 4),
             "elapsed_s": round(result.timings.total_s, 6),
@@ -32,49 +45,53 @@ class Shapes:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def response(self, result: GenerationResult, finish: str,
-                 calls: tuple[str | None, list[dict[str, Any]]] | None = None
-                 ) -> dict[str, Any]:
-        """``calls``: (content, tool_calls) of an answer read for tool calls."""
-        if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": result.text}
-            if calls is not None:      # the text outside the calls, as streaming sends it
-                message["content"] = calls[0] if calls[1] else calls[0] or ""
-                if calls[1]:
-                    message["tool_calls"] = calls[1]
-            choice = {"index": 0, "message": message, "logprobs": None,
-                      "finish_reason": finish}
-            out = self._head("chat.completion")
-        else:
-            choice = {"index": 0, "text": result.text, "logprobs": None,
-                      "finish_reason": finish}
-            out = self._head("text_completion")
-        return {**out, "choices": [choice], "usage": usage(result),
-                "celeris": celeris_stats(result)}
+    def choice(self, index: int, text: str, finish: str,
+               calls: tuple[str | None, list[dict[str, Any]]] | None = None,
+               logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One choice of a response; ``calls``: (content, tool_calls) of an answer read for
+        tool calls."""
+        if not self.chat:
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls is not None:      # the text outside the calls, as streaming sends it
+            message["content"] = calls[0] if calls[1] else calls[0] or ""
+            if calls[1]:
+                message["tool_calls"] = calls[1]
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": finish}
+
+    def response(self, choices: list[dict[str, Any]], results: list[GenerationResult],
+                 prompt_tokens: int) -> dict[str, Any]:
+        out = self._head("chat.completion" if self.chat else "text_completion")
+        return {**out, "choices": choices, "usage": usage(results, prompt_tokens),
+                "celeris": celeris_stats(results)}
 
     def chunk(self, text: str | None, finish: str | None = None, first: bool = False,
-              include_usage: bool = False, tool_calls: list[dict[str, Any]] | None = None
-              ) -> dict[str, Any]:
+              include_usage: bool = False, tool_calls: list[dict[str, Any]] | None = None,
+              index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text:
                 delta["content"] = text
             if tool_calls:
                 delta["tool_calls"] = tool_calls
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                      "finish_reason": finish}
             out = self._head("chat.completion.chunk")
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs,
+                      "finish_reason": finish}
             out = self._head("text_completion")
         out["choices"] = [choice]
         if include_usage:
             out["usage"] = None
         return out
 
-    def usage_chunk(self, result: GenerationResult) -> dict[str, Any]:
+    def usage_chunk(self, results: list[GenerationResult], prompt_tokens: int
+                    ) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": [], "usage": usage(result),
-                "celeris": celeris_stats(result)}
+        return {**self._head(obj), "choices": [], "usage": usage(results, prompt_tokens),
+                "celeris": celeris_stats(results)}
 
     def denoise(self, event: StepEvent) -> dict[str, Any]:
         """A canvas snapshot (the ``celeris.denoise`` SSE event): ``edited`` lists the

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
@@ -53,46 +54,117 @@ class EventStream(StreamingResponse):
                 self.on_disconnect()
 
 
-async def sse_events(head: list[Any], items: AsyncIterator[Any], shapes: Shapes,
-                     stops: tuple[str, ...], include_usage: bool, denoise: bool,
-                     finish: Callable[[GenerationResult], str], calls: Any = None
-                     ) -> AsyncIterator[str]:
-    """The SSE chunks of ``head`` (the items already received) and then of ``items``;
-    ``finish(result)`` returns the OpenAI finish_reason or raises an APIError. ``calls``
-    (the family's ``CallStream``) turns the text into content and tool-call deltas."""
-    sent = ""
-    pending = list(head)
+@dataclass
+class ChoiceStream:
+    """One choice's items: ``head`` (already received), then ``items``; ``calls`` (the
+    family's ``CallStream``) turns its text into content and tool-call deltas."""
+
+    index: int
+    head: list[Any]
+    items: AsyncIterator[Any]
+    calls: Any = None
+    echo: str = ""
+    result: GenerationResult | None = None
+    final_text: Callable[[GenerationResult], str] | None = None   # suffix: the gap's fill
+
+
+async def sse_events(streams: list[ChoiceStream], shapes: Shapes, stops: tuple[str, ...],
+                     include_usage: bool, denoise: bool,
+                     finish: Callable[[GenerationResult], str],
+                     logprobs: Callable[[int, GenerationResult], Any] = lambda i, r: None,
+                     prompt_tokens: Callable[[], int] = lambda: 0) -> AsyncIterator[str]:
+    """The SSE chunks of every choice, interleaved as their steps come; ``finish(result)``
+    returns the OpenAI finish_reason or raises an APIError; ``logprobs(index, result)`` the
+    choice's logprobs object (sent with its last chunk), None when not asked."""
     try:
-        if shapes.chat:
-            yield sse(shapes.chunk(None, first=True, include_usage=include_usage))
-        item = pending.pop(0) if pending else await items.__anext__()
-        while not isinstance(item, GenerationResult):
-            if isinstance(item, StepEvent):
-                if denoise:
-                    yield sse(shapes.denoise(item), event="celeris.denoise")
-                stable = settled_text(item.text, stops)
-                if calls is not None:
-                    new, deltas = calls.feed(stable)
-                    if new or deltas:
-                        yield sse(shapes.chunk(new, include_usage=include_usage,
-                                               tool_calls=deltas))
-                elif len(stable) > len(sent) and stable.startswith(sent):
-                    yield sse(shapes.chunk(stable[len(sent):], include_usage=include_usage))
-                    sent = stable
-            item = pending.pop(0) if pending else await items.__anext__()
-        reason = finish(item)
-        if calls is not None:
-            tail, deltas = calls.feed(item.text, final=True)
-            reason = "tool_calls" if calls.ids and reason == "stop" else reason
-        else:
-            tail, deltas = (item.text[len(sent):] if item.text.startswith(sent) else ""), []
-        yield sse(shapes.chunk(tail, reason, include_usage=include_usage, tool_calls=deltas))
+        async for event, chunk in _merged([
+                _choice_chunks(s, shapes, stops, include_usage, denoise, finish, logprobs)
+                for s in streams]):
+            yield sse(chunk, event=event)
         if include_usage:
-            yield sse(shapes.usage_chunk(item))
+            results = [s.result for s in sorted(streams, key=lambda s: s.index)]
+            yield sse(shapes.usage_chunk(results, prompt_tokens()))
     except asyncio.CancelledError:
         raise
     except Exception as exc:   # noqa: BLE001 - every failure becomes an error event
         yield sse(from_exception(exc).body())
     finally:
-        await items.aclose()
+        for s in streams:
+            await s.items.aclose()
     yield DONE
+
+
+async def _choice_chunks(s: ChoiceStream, shapes: Shapes, stops: tuple[str, ...],
+                         include_usage: bool, denoise: bool,
+                         finish: Callable[[GenerationResult], str],
+                         logprobs: Callable[[int, GenerationResult], Any]
+                         ) -> AsyncIterator[tuple[str | None, dict[str, Any]]]:
+    """(event name, chunk) of one choice: its opening, the stable text's deltas as the
+    steps come (and the canvas, with ``denoise``), its last chunk with the finish reason."""
+    pending, sent = list(s.head), ""
+    if shapes.chat:
+        yield None, shapes.chunk(None, first=True, include_usage=include_usage, index=s.index)
+    if s.echo:
+        yield None, shapes.chunk(s.echo, include_usage=include_usage, index=s.index)
+    item = pending.pop(0) if pending else await s.items.__anext__()
+    while not isinstance(item, GenerationResult):
+        if isinstance(item, StepEvent):
+            if denoise:
+                yield "celeris.denoise", {**shapes.denoise(item), "index": s.index}
+            stable = settled_text(item.text, stops)
+            if s.calls is not None:
+                new, deltas = s.calls.feed(stable)
+                if new or deltas:
+                    yield None, shapes.chunk(new, include_usage=include_usage,
+                                             tool_calls=deltas, index=s.index)
+            elif s.final_text is None and len(stable) > len(sent) and stable.startswith(sent):
+                yield None, shapes.chunk(stable[len(sent):], include_usage=include_usage,
+                                         index=s.index)
+                sent = stable
+        item = pending.pop(0) if pending else await s.items.__anext__()
+    reason = finish(item)
+    s.result = item
+    if s.calls is not None:
+        tail, deltas = s.calls.feed(item.text, final=True)
+        reason = "tool_calls" if s.calls.ids and reason == "stop" else reason
+    else:
+        text = item.text if s.final_text is None else s.final_text(item)
+        tail, deltas = (text[len(sent):] if text.startswith(sent) else ""), []
+    yield None, shapes.chunk(tail, reason, include_usage=include_usage, tool_calls=deltas,
+                             index=s.index, logprobs=logprobs(s.index, item))
+
+
+_END = object()
+
+
+async def _merged(gens: list[AsyncIterator[Any]]) -> AsyncIterator[Any]:
+    """The items of several async generators as they come; the first error is raised."""
+    if len(gens) == 1:
+        async for item in gens[0]:
+            yield item
+        return
+    box: asyncio.Queue = asyncio.Queue()
+
+    async def pump(gen: AsyncIterator[Any]) -> None:
+        try:
+            async for item in gen:
+                await box.put(item)
+        except BaseException as exc:   # noqa: BLE001 - handed to the reader
+            await box.put(exc)
+        finally:
+            await box.put(_END)
+
+    tasks = [asyncio.ensure_future(pump(g)) for g in gens]
+    left = len(gens)
+    try:
+        while left:
+            item = await box.get()
+            if item is _END:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
