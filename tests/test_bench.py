@@ -17,7 +17,8 @@ from celeris.bench.lengths import length_plan
 from tests.test_bench_fixture import one_thread, tiny_ar_dir, tiny_model_dir  # noqa: F401
 
 GEN, BLOCK = 16, 8
-SUITES = ("decode", "ar", "stories", "lengths", "serve", "invariance", "structured", "gpu")
+SUITES = ("decode", "ar", "stories", "lengths", "serve", "invariance", "structured", "scores",
+          "gpu")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,6 +52,19 @@ def test_every_suite_runs_end_to_end_and_the_report_names_the_machine(bench_run)
     assert machine["cpu"] and machine["cpu_cores"] >= 1
     assert machine["torch"] == torch.__version__ and "triton" in machine and "gpu" in machine
     assert bench_run.suites["decode"]["settings"]["dtype"] == "float32"
+
+
+def test_scores_suite_compares_samples_logprobs_and_scoring(bench_run):
+    listed = bench_run.suites["scores"]["rows"]
+    rows = {r["config"]: r for r in listed}
+    assert "same as alone: True" in rows["n = 4 (one batch)"]["check"]
+    assert rows["n = 4 (one batch)"]["ratio"] > 0
+    on = [r for r in listed if r["config"].startswith("logprobs on")]
+    assert [r["batch"] for r in on] == [1, 16]
+    assert all(r["check"] == "same tokens: True" and r["ratio"] > 0 for r in on)
+    score = next(r for c, r in rows.items() if c.startswith("score a"))
+    assert score["tokens"] == 2 * int(score["config"].split()[2].split("-")[0])
+    assert score["ratio"] > 0
 
 
 def test_decode_counts_completion_tokens_like_the_engine(bench_run, models):
