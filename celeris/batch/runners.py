@@ -139,7 +139,8 @@ class LocalRunner:
         calls = None
         if tools is not None and tools.reads_calls():     # as the server reads them
             calls = tools.answer(result)
-            finish = "tool_calls" if calls[1] and finish == "stop" else finish
+            from celeris.server.tools import finish_with_calls
+            finish = finish_with_calls(finish, bool(calls[1]))
         return Outcome(job, 200, completion_body(job, text, finish, len(result.token_ids),
                                                  result.usage.prompt_tokens, self.model_name,
                                                  {"seed": result.seed, "nfe": result.nfe,

@@ -24,7 +24,7 @@ from .shaping import Shapes
 from .state import ServerState
 from .streaming import ChoiceStream, EventStream, sse_events
 from .structured import structured_of
-from .tools import ToolPlan
+from .tools import ToolPlan, finish_with_calls
 
 T = TypeVar("T")
 PUBLIC_PATHS = frozenset({"/health", "/ready"})
@@ -169,7 +169,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         reason, calls = reasons[id(c)], None
         if reading:
             content, found = tools.answer(c.result)
-            reason = "tool_calls" if found and reason == "stop" else reason
+            reason = finish_with_calls(reason, bool(found))
             calls = (content, found)
         out.append(shapes.choice(c.index, c.text(engine.tokenizer.decode), reason, calls,
                                  _logprobs(engine, c, chat, plan)))

@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 from ..outputs import GenerationResult, StepEvent, settled_text
 from .errors import from_exception
 from .shaping import Shapes
+from .tools import finish_with_calls
 
 DONE = "data: [DONE]\n\n"
 
@@ -126,7 +127,7 @@ async def _choice_chunks(s: ChoiceStream, shapes: Shapes, stops: tuple[str, ...]
     s.result = item
     if s.calls is not None:
         tail, deltas = s.calls.feed(item.text, final=True)
-        reason = "tool_calls" if s.calls.ids and reason == "stop" else reason
+        reason = finish_with_calls(reason, bool(s.calls.ids))
     else:
         text = item.text if s.final_text is None else s.final_text(item)
         tail, deltas = (text[len(sent):] if text.startswith(sent) else ""), []

@@ -76,3 +76,9 @@ class ToolPlan:
             return result.text, []
         content, calls = self.syntax.parse(result.text)
         return content, [c.to_openai() for c in calls]
+
+
+def finish_with_calls(reason: str, has_calls: bool) -> str:
+    """The finish reason of an answer read for tool calls: "tool_calls" when it holds calls
+    and ended by itself ("stop"); a cut answer keeps "length" (or whatever ended it)."""
+    return "tool_calls" if has_calls and reason == "stop" else reason
