@@ -240,3 +240,30 @@ def test_out_of_range_requests_name_the_field(url, path, body, param, fragment):
     error = r.json()["error"]
     assert error["param"] == param and fragment in error["message"], error
     assert "Traceback" not in r.text
+
+
+def test_the_api_tabs_logprobs_snippet_runs_against_the_server(url, engine, capsys):
+    from ui.api_tab import snippets
+
+    code = snippets(url, engine.model_dir.name, key_required=False)["logprobs"]
+    exec(compile(code, "snippet", "exec"), {})               # the copy-paste example, as is
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith("total: -") and float(lines[-1].split()[1]) < 0
+    assert len(lines) >= 2 and all("[" in line for line in lines[:-1])
+
+
+def test_the_canvas_confidences_are_the_logprobs_the_api_returns(engine):
+    """The playground draws each committed cell's confidence from the step's StepEvent: for
+    the default remasking (low_confidence) it is exp(logprob) of the same token."""
+    import math
+
+    params = engine.default_params().replace(gen_length=24, logprobs=0)
+    confidence, result = {}, None
+    for item in engine.stream(PROMPT, params):
+        if isinstance(item, celeris.GenerationResult):
+            result = item
+        else:
+            confidence.update(zip(item.committed, item.confidences))
+    assert params.remasking == "low_confidence" and result.logprobs
+    for i, entry in enumerate(result.logprobs):
+        assert math.exp(entry.logprob) == pytest.approx(confidence[i], abs=1e-5), i

@@ -13,6 +13,7 @@ from . import render
 from .context import EngineSlot
 
 EXAMPLE_PROMPT = "Tell me a story about a brave fox."
+SCORED_TEXT = "The fox was brave."
 DEFAULT_MODEL_ID = "celeris-tiny-bd"   # shown when no model is loaded (the app's default)
 
 
@@ -59,7 +60,19 @@ def snippets(url: str, model: str, key_required: bool,
               "for update in job:   # one update per denoising step\n"
               "    canvas, text, gauges = update[0], update[1], update[2]\n"
               "    print(gauges[\"nfe\"], gauges[\"state\"], text)\n")
-    return {"curl": curl, "openai": openai, "gradio_client": client}
+    scores = (f"import os\nfrom openai import OpenAI\n\nclient = OpenAI(base_url=\"{url}/v1\", "
+              f"api_key={key})\n"
+              "# each token's log-probability, read at the denoising step that committed it\n"
+              f"reply = client.chat.completions.create(\n    model=\"{model}\", max_tokens=16,"
+              f"\n    messages=[{{\"role\": \"user\", \"content\": \"{EXAMPLE_PROMPT}\"}}],\n"
+              "    logprobs=True, top_logprobs=3)\n"
+              "for t in reply.choices[0].logprobs.content:\n"
+              "    print(f\"{t.token!r:>12} {t.logprob:8.3f}\", [a.token for a in t.top_logprobs])\n"
+              "# score a text (echo + logprobs): log p(token | the tokens before it)\n"
+              f"scored = client.completions.create(model=\"{model}\", prompt=\"{SCORED_TEXT}\","
+              "\n    max_tokens=0, echo=True, logprobs=1)\n"
+              "print(\"total:\", sum(scored.choices[0].logprobs.token_logprobs[1:]))\n")
+    return {"curl": curl, "openai": openai, "gradio_client": client, "logprobs": scores}
 
 
 def max_tokens_line(context: int | None) -> str:
@@ -106,7 +119,7 @@ def create_ui(slot: EngineSlot) -> None:
         codes = {name: gr.Code(initial[name], language=lang, label=name, interactive=False,
                                buttons=["copy"], elem_id=f"api-{name}")
                  for name, lang in (("curl", "shell"), ("openai", "python"),
-                                    ("gradio_client", "python"))}
+                                    ("gradio_client", "python"), ("logprobs", "python"))}
 
     def refresh(request: gr.Request) -> list[Any]:
         url = base_url(dict(request.headers) if request else None)
