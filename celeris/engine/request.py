@@ -141,20 +141,20 @@ class Request:
             else:
                 self.prefix += 1
 
-    def note_logprobs(self, chosen: Sequence[float], top_values: Sequence[Sequence[float]],
-                      top_ids: Sequence[Sequence[float]]) -> None:
-        """Record this step's commits' log-probabilities (``logprobs``), from the unit's
-        per-column chosen-token logprobs and top lists (before ``lo`` moves)."""
+    def note_logprobs(self, columns: Sequence[Sequence[float]]) -> None:
+        """Record this step's commits' log-probabilities (``logprobs``) from the unit's
+        columns, each [chosen logprob, k top logprobs, k top ids] (before ``lo`` moves)."""
         k, P, forced = self.params.logprobs, self.prompt_len, set(self.forced)
         for pos in self.committed:
             if pos in forced:        # written by the grammar, not chosen by the model
                 tok = self.seq[P + pos]
                 self.logprobs[pos] = (0.0, ((tok, 0.0),) if k else ())
                 continue
-            j = pos + P - self.lo
-            top = tuple((int(t), max(float(v), LOGPROB_FLOOR))
-                        for t, v in zip(top_ids[j][:k], top_values[j][:k]))
-            self.logprobs[pos] = (max(float(chosen[j]), LOGPROB_FLOOR), top)
+            col = columns[pos + P - self.lo]
+            width = (len(col) - 1) // 2
+            top = tuple((int(t), max(v, LOGPROB_FLOOR))
+                        for v, t in zip(col[1:1 + k], col[1 + width:1 + width + k]))
+            self.logprobs[pos] = (max(col[0], LOGPROB_FLOOR), top)
 
     def check_finish(self, now: float, stops_at_eos: bool) -> FinishReason | None:
         """The one place that ends a request, in this order: abort, non-finite logits (an

@@ -120,7 +120,7 @@ class Runner:
         # one sync; commits read a position's token and confidence only where it is taken
         # (cat promotes to conf's float32, which holds every token id below 2**24 exactly)
         host = torch.cat([x0, take, conf, check[:, None]], 1).tolist()
-        tops = [t.tolist() for t in knobs.tops] if knobs.any_logprobs else None  # if asked
+        tops = knobs.tops.tolist() if knobs.any_logprobs else None      # only if asked
         asking = {b: m for m, b in enumerate(
             b for b, r in enumerate(reqs) if r.params.logprobs is not None)}
         for b, (r, row, w) in enumerate(zip(reqs, host, widths)):
@@ -137,7 +137,7 @@ class Runner:
             r.commit(*picks, mask, self.special.stop)
             if r.params.logprobs is not None:
                 m = asking[b]
-                r.note_logprobs(*(t[m] for t in tops))
+                r.note_logprobs(tops[m])
 
     def _counts(self, reqs: list[Request], vocab: int) -> torch.Tensor:
         """(B, V) float32: how often each token occurs among a row's committed answer tokens

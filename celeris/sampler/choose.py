@@ -92,7 +92,7 @@ class RowKnobs:
         self.logprob_rows = torch.tensor(asking, dtype=torch.long, device=device)
         self.any_logprobs = bool(asking)
         self.top_logprobs = max((params[i].logprobs for i in asking), default=0)
-        self.tops: tuple[torch.Tensor, ...] | None = None
+        self.tops: torch.Tensor | None = None
 
     def with_generators(self, generators: Sequence[torch.Generator | None]) -> "RowKnobs":
         """These knobs for a batch whose rows ask the same, with its own rows' generators."""
@@ -212,29 +212,18 @@ class RowKnobs:
             conf = torch.where(self.defer & is_stop, conf + DEFERRED, conf)
         return stats.x0, conf, stats.p_x0, check
 
-    def _tops(self, logits: torch.Tensor, x0: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The asking rows' chosen tokens' log-probabilities (M, W) and their most likely
-        tokens' (values and ids, (M, W, k), k at least 1), from the distribution their
-        confidence is read from (temperature 1, after the filters: p_x0 = exp(logprob))."""
+    def _tops(self, logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+        """(M, W, 1 + 2k) for the asking rows: each position's chosen token's log-probability,
+        then its k most likely tokens' log-probabilities and ids (as floats: exact below
+        2**24), from the distribution their confidence is read from (temperature 1, after the
+        filters: p_x0 = exp(logprob)). One tensor, so the runner reads it in one transfer."""
         idx = self.logprob_rows
         logp = logits[idx].log_softmax(-1, torch.float32)                        # (M, W, V)
-        chosen = logp.gather(-1, x0[idx][..., None]).squeeze(-1)
-        values, ids = logp.topk(max(self.top_logprobs, 1), dim=-1)
-        return chosen, values, ids
-
-    def _adjustment(self, counts: torch.Tensor | None, vocab: int) -> torch.Tensor:
-        """(B, V) float32 added to every position of a row: its logit biases (dense, built
-        once per batch layout) minus (presence * (count > 0) + frequency * count)."""
-        if self.bias_entries is not None and (self._bias is None
-                                              or self._bias.shape[1] != vocab):
-            rows, ids, biases = self.bias_entries
-            self._bias = torch.zeros(len(self.params), vocab, device=self.device).index_put_(
-                (rows, ids), biases)
-        if counts is None:
-            return self._bias
-        penalty = self.presence * (counts > 0) + self.frequency * counts
-        return -penalty if self._bias is None else self._bias - penalty
+        chosen = logp.gather(-1, x0[idx][..., None])                             # (M, W, 1)
+        if not self.top_logprobs:
+            return chosen
+        values, ids = logp.topk(self.top_logprobs, dim=-1)                       # (M, W, k)
+        return torch.cat([chosen, values, ids.float()], -1)
 
     def edit(self, x0: torch.Tensor, p_x0: torch.Tensor, tokens: torch.Tensor,
              editable: torch.Tensor) -> torch.Tensor:
