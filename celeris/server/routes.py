@@ -20,7 +20,7 @@ from .bodies import ClientGone, generation_params, read_request
 from .choices import Choice, Plan, chat_logprobs, completion_logprobs
 from .errors import APIError, context_message, from_exception, invalid
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .shaping import Shapes
+from .shaping import Shapes, world_notes
 from .state import ServerState
 from .streaming import ChoiceStream, EventStream, sse_events
 from .structured import structured_of
@@ -89,6 +89,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         raise _unknown_model(req.model, state.model_name)
     prompt_param = "messages" if chat else "prompt"
     plan = Plan.of(req)
+    notes = world_notes(engine.family.name, plan.prompts)    # before tools rewrite them
     if plan.score_only:        # echo with max_tokens 0: the length fields are not asked
         req = req.model_copy(update={"max_tokens": 1})
     params = plan.params(generation_params(req, engine.default_params(),
@@ -98,7 +99,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         plan.prompts = [tools.prompt(engine, plan.prompts[0])]
         params = tools.params(params, req.parallel_tool_calls)
     request_id = uuid.uuid4().hex[:16]
-    shapes = Shapes(chat, request_id, state.model_name)
+    shapes = Shapes(chat, request_id, state.model_name, notes)
     choices = await _choices(engine, plan, params, request_id)
     if plan.echo:
         await _echo(engine, plan, choices)

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from ..outputs import GenerationResult, StepEvent
+from ..synthetic.world import prompt_unknown_words
 
 
 def usage(results: list[GenerationResult], prompt_tokens: int) -> dict[str, int]:
@@ -34,13 +35,29 @@ def _stats(result: GenerationResult) -> dict[str, Any]:
             "queue_s": round(result.timings.queue_s, 6)}
 
 
-class Shapes:
-    """Builds the response and chunk dicts of one request (completion or chat)."""
+def world_notes(family: str, prompts: list[Any]) -> dict[str, Any]:
+    """``{"unknown_words": [...]}`` for a shipped celeris model (family "celeris": the demo
+    world's models): the prompts' words and characters its story grammar and tasks never use
+    (``synthetic.world.unknown_words``), [] when all are known. Other families: {} (nothing
+    is computed)."""
+    if family != "celeris":
+        return {}
+    found: dict[str, None] = {}
+    for prompt in prompts:
+        found.update(dict.fromkeys(prompt_unknown_words(prompt)))
+    return {"unknown_words": list(found)}
 
-    def __init__(self, chat: bool, request_id: str, model: str) -> None:
+
+class Shapes:
+    """Builds the response and chunk dicts of one request (completion or chat); ``notes``
+    join the ``celeris`` object of the response and of the usage chunk."""
+
+    def __init__(self, chat: bool, request_id: str, model: str,
+                 notes: dict[str, Any] | None = None) -> None:
         self.chat, self.model = chat, model
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}"
         self.created = int(time.time())
+        self.notes = notes or {}
 
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -64,7 +81,7 @@ class Shapes:
                  prompt_tokens: int) -> dict[str, Any]:
         out = self._head("chat.completion" if self.chat else "text_completion")
         return {**out, "choices": choices, "usage": usage(results, prompt_tokens),
-                "celeris": celeris_stats(results)}
+                "celeris": {**celeris_stats(results), **self.notes}}
 
     def chunk(self, text: str | None, finish: str | None = None, first: bool = False,
               include_usage: bool = False, tool_calls: list[dict[str, Any]] | None = None,
@@ -91,7 +108,7 @@ class Shapes:
                     ) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._head(obj), "choices": [], "usage": usage(results, prompt_tokens),
-                "celeris": celeris_stats(results)}
+                "celeris": {**celeris_stats(results), **self.notes}}
 
     def denoise(self, event: StepEvent) -> dict[str, Any]:
         """A canvas snapshot (the ``celeris.denoise`` SSE event): ``edited`` lists the
