@@ -97,6 +97,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="--device-map auto: per-device caps, e.g. 0=20GiB,cpu=60GiB")
     p.add_argument("--offload-folder", default=None, metavar="DIR",
                    help="--device-map auto: where layers that fit nowhere else go (disk)")
+    p.add_argument("--quantize", default=None, choices=("int8", "int4", "fp8"),
+                   help="--model only: weight-only quantization of its layers' linear weights "
+                        "(torchao: pip install -r requirements-quant.txt); int8/int4 on the "
+                        "CPU and CUDA, fp8 on CUDA GPUs of compute capability >= 8.9")
     p.add_argument("--ar-model", default=None,
                    help="autoregressive twin for the Race tab (default models/celeris-tiny-ar)")
     p.add_argument("--canvas-model", default=None,
@@ -139,7 +143,7 @@ def offered_models(spec: str | None) -> tuple[list[str], str | None]:
 def load_engine(model: str | None, device: str = "auto", dtype: str = "auto",
                 **options: Any) -> tuple[Any, str | None]:
     """(engine, None) or (None, why): a missing model is reported, not raised.
-    ``options``: EngineConfig fields (device_map, max_memory, offload_folder)."""
+    ``options``: EngineConfig fields (device_map, max_memory, offload_folder, quantize)."""
     try:
         engine = celeris.Engine.from_pretrained(model, device=device, dtype=dtype, **options)
     except (celeris.CelerisError, ValueError, FileNotFoundError, OSError) as exc:
@@ -327,7 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {why}", file=sys.stderr)
         return 2
     engine, error = load_engine(args.model, args.device, args.dtype,
-                                **{k: v for k in ("device_map", "max_memory", "offload_folder")
+                                **{k: v for k in ("device_map", "max_memory", "offload_folder",
+                                                  "quantize")
                                    if (v := getattr(args, k)) is not None})
     if engine is None and args.model is not None:
         print(f"error: {error}", file=sys.stderr)

@@ -1,10 +1,31 @@
 """Celeris: a fast inference engine and playground for masked diffusion language models."""
 
+import logging as _logging
+
+
+class _ExpectedImportNoise(_logging.Filter):
+    """torchao (requirements-quant.txt: --quantize) is imported by transformers at startup
+    whenever it is installed. It then logs a warning for each of its CUDA-only kernel
+    libraries a CPU build of torch cannot load (none of them is used by --quantize), and
+    torch logs a deprecation for each of its enums registered with pytree. Those records are
+    dropped; every other record of both loggers passes."""
+
+    def filter(self, record: _logging.LogRecord) -> bool:
+        text = str(record.msg)
+        return not (("Failed to load" in text and "torchao/_C" in text.replace("\\", "/"))
+                    or "register_constant() on Enum subclasses is deprecated" in text)
+
+
+for _name in ("torchao", "torch.utils._pytree"):
+    _logging.getLogger(_name).addFilter(_ExpectedImportNoise())
+
 from .config import (CelerisError, EngineBusyError, EngineClosedError, EngineConfig,
                      EngineOutOfMemoryError, ModelLoadError)
 from .model import CelerisConfig, CelerisForMaskedDiffusion
 from .families import (EXAMPLE_TOOLS, DreamConfig, Family, FastDLLMQwenConfig, LLaDA2MoeConfig, LLaDAConfig,
                        SDARConfig, SDARMoeConfig, load_model, register_family)
+from .families.loading import config_weight_bytes
+from .model.quantize import QuantizeError, quantize_model, weight_bytes
 from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
 from .params import GenerationParams
 
@@ -19,4 +40,5 @@ __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "St
            "CelerisForMaskedDiffusion", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig",
            "SDARConfig", "SDARMoeConfig", "LLaDA2MoeConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
            "AsyncEngine", "ContextLengthError", "split_infill", "Family", "register_family",
-           "EXAMPLE_TOOLS"]
+           "EXAMPLE_TOOLS", "QuantizeError", "quantize_model", "weight_bytes",
+           "config_weight_bytes"]

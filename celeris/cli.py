@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .config import BIG_MODEL_FIELDS
+from .config import BIG_MODEL_FIELDS, QUANTIZE_MODES
 from .hints import missing_model_dir, port_problem
 
 # (flag, GenerationParams field, type, help). --stop is added separately (repeatable).
@@ -82,6 +82,14 @@ def add_big_model_options(parser: argparse.ArgumentParser) -> None:
                             "(default: the free memory of each)")
     group.add_argument("--offload-folder", default=None, metavar="DIR",
                        help="--device-map auto: where layers that fit nowhere else go (disk)")
+
+
+def add_quantize_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quantize", default=None, choices=QUANTIZE_MODES,
+                        help="weight-only quantization of the layers' linear weights after "
+                             "loading (torchao: pip install -r requirements-quant.txt): int8 "
+                             "and int4 on the CPU and CUDA, fp8 on CUDA GPUs of compute "
+                             "capability >= 8.9; the embedding and output head stay as loaded")
 
 
 def big_model_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,7 +231,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
                              f"to 32, infilling); {args.model} is a block-diffusion model, "
                              f"whose card is kept by hand (models/celeris-tiny-bd/README.md): "
                              f"drop --card and quote the --json report")
-        report = evaluate(model=args.model, kind=args.kind,
+        model: Any = args.model
+        if getattr(args, "quantize", None):
+            if args.kind != "diffusion" or args.card:
+                raise ValueError("--quantize applies to --kind diffusion without --card (the "
+                                 "AR twin runs through transformers; a card quotes the model "
+                                 "as shipped)")
+            from celeris import Engine
+            model = Engine.from_pretrained(args.model, device=args.device,
+                                           quantize=args.quantize)
+        report = evaluate(model=model, kind=args.kind,
                           overrides=generation_overrides(args), limit=args.limit,
                           device=args.device, second_sample=args.second_sample)
         if args.card and not args.model:
@@ -321,6 +338,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     add_device_options(p)
     add_big_model_options(p)
+    add_quantize_option(p)
     add_compile_option(p)
     add_generation_options(p)
     p.set_defaults(func=cmd_generate)
@@ -446,6 +464,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--card", action="store_true",
                    help="also write README.md (model card) and eval.json into --model")
+    add_quantize_option(p)
     add_generation_options(p)
     p.set_defaults(func=cmd_eval)
 
@@ -481,6 +500,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                      help="CPUs each replica reserves (1)")
     add_device_options(p)
     add_big_model_options(p)
+    add_quantize_option(p)
     add_compile_option(p)
     p.set_defaults(func=cmd_serve)
 
@@ -518,6 +538,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                    help="torch CPU threads (default: torch's choice; recorded in the report)")
     add_device_options(p)
     add_big_model_options(p)
+    add_quantize_option(p)
     p.set_defaults(func=cmd_bench)
 
 

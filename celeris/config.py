@@ -10,9 +10,12 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
                  "float": "float32"}
 DEVICES = ("auto", "cpu", "cuda")
-# EngineConfig fields of big-model loading (accelerate): one list for the CLI, server and bench
-BIG_MODEL_FIELDS = ("device_map", "max_memory", "offload_folder")
+# EngineConfig fields of how the model is loaded (accelerate's placement of a big model, and
+# weight quantization): one list for the CLI, server and bench
+BIG_MODEL_FIELDS = ("device_map", "max_memory", "offload_folder", "quantize")
 DEVICE_MAPS = ("auto",)
+# --quantize: weight-only quantization of the linear layers (celeris/model/quantize.py)
+QUANTIZE_MODES = ("int8", "int4", "fp8")
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
                "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -86,6 +89,17 @@ def normalize_device(name: str) -> str:
     return key
 
 
+def normalize_quantize(mode: Any) -> str | None:
+    """None (full width; also "none" or "") or one of QUANTIZE_MODES, or raise naming it."""
+    if mode is None or str(mode).strip().lower() in ("", "none"):
+        return None
+    key = str(mode).strip().lower()
+    if key not in QUANTIZE_MODES:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZE_MODES)} (or none), "
+                         f"got {mode!r}")
+    return key
+
+
 def normalize_max_memory(value: Any) -> dict[int | str, int] | None:
     """max_memory for device_map="auto": a dict or "0=20GiB,cpu=60GiB" (a GPU index, cuda:N
     or cpu, each with bytes or a size such as 500MB / 20GiB) -> {GPU index | "cpu": bytes}."""
@@ -145,6 +159,10 @@ class EngineConfig:
                  (accelerate; celeris/model/dispatch.py) for a model that does not fit one
                  device; max_memory caps each device ({0: "20GiB", "cpu": "60GiB"}),
                  offload_folder holds what goes to disk. None: one device (``device``).
+    quantize:    "int8", "int4" or "fp8": weight-only quantization of the transformer
+                 layers' linear weights after loading (torchao; celeris/model/quantize.py
+                 says what each mode runs on which device and what it refuses). None: the
+                 weights as loaded.
     """
 
     device: str = "auto"
@@ -157,6 +175,7 @@ class EngineConfig:
     device_map: str | None = None
     max_memory: Any = None
     offload_folder: str | None = None
+    quantize: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "device", normalize_device(self.device))
@@ -169,6 +188,7 @@ class EngineConfig:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s!r}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"compile must be True or False, got {self.compile!r}")
+        object.__setattr__(self, "quantize", normalize_quantize(self.quantize))
         self._check_device_map()
 
     def _check_device_map(self) -> None:
@@ -190,6 +210,13 @@ class EngineConfig:
         if self.compile:
             raise ValueError("compile cannot be combined with device_map='auto' (the "
                              "dispatched layers run through accelerate's hooks, eagerly)")
+        if self.quantize is not None:
+            raise ValueError(f"quantize={self.quantize!r} cannot be combined with "
+                             f"device_map='auto': the weights are quantized in place on one "
+                             f"device, and a dispatched model's layers are moved and "
+                             f"offloaded by accelerate's hooks; quantize on one device "
+                             f"instead (a quantized model may fit where the full-width one "
+                             f"did not)")
         object.__setattr__(self, "max_memory", normalize_max_memory(self.max_memory))
         if self.offload_folder is not None:
             object.__setattr__(self, "offload_folder", str(self.offload_folder))

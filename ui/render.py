@@ -294,6 +294,14 @@ def replay_caption(traj: Trajectory, step: int) -> str:
             f"step{edited}{drafts} · NFE {rec.nfe} · {rec.elapsed:.2f} s")
 
 
+def weights_line(info: dict[str, Any]) -> str:
+    """The weights' bytes and width: "23.0 MB, full width", "7.5 MB, int8" or a pre-quantized
+    checkpoint's format."""
+    quant = info.get("quantization") or {}
+    width = info.get("quantize") or quant.get("prequantized") or "full width"
+    return f"{format_bytes(info['weight_bytes'])}, {width}"
+
+
 def model_markdown(info: dict[str, Any] | None, error: str | None = None) -> str:
     """The Model tab's description of the loaded model."""
     if not info:
@@ -304,6 +312,8 @@ def model_markdown(info: dict[str, Any] | None, error: str | None = None) -> str
             ("parameters", f"{info.get('parameters', 0) / 1e6:.2f} M"),
             ("dtype", info.get("dtype")), ("device", info.get("device")),
             ("context length", info.get("context_length")), (label, mem)]
+    if info.get("weight_bytes") is not None:     # quantized: int data + scales, real storage
+        rows.insert(rows.index(("dtype", info.get("dtype"))) + 1, ("weights", weights_line(info)))
     if info.get("attention") == "block_causal":
         rows.insert(4, ("attention", f"block-causal (block diffusion), blocks of "
                                      f"{info.get('block_size')}"))

@@ -29,6 +29,7 @@ from ..config import (ContextLengthError, EngineBusyError, EngineClosedError, En
                       EngineOutOfMemoryError, ModelLoadError)
 from ..model.compiled import CompiledForward
 from ..model.dispatch import main_device, memory_info
+from ..model.quantize import weight_bytes
 from ..outputs import GenerationResult, StepEvent, StepTiming, TokenLogprob
 from ..params import GenerationParams
 from ..tokenizer import Messages, Tokenizer
@@ -81,12 +82,14 @@ class Engine:
         block-diffusion model, models/celeris-tiny-bd; the full-attention one, which can also
         infill, is models/celeris-tiny). ``engine_options`` are EngineConfig's fields, e.g.
         ``device_map="auto", max_memory={0: "20GiB", "cpu": "60GiB"}, offload_folder=DIR``
-        for a model that does not fit one device (layers over GPUs, CPU memory and disk)."""
+        for a model that does not fit one device (layers over GPUs, CPU memory and disk);
+        ``quantize="int8"`` (int4, fp8) quantizes the layers' weights after loading
+        (``model/quantize.py``: what runs on which device, what is refused)."""
         config = EngineConfig(device=device, dtype=dtype, **engine_options)
         family, model, model_dir = families.load(
             path_or_id or _shipped_model(), device=config.device, dtype=config.dtype,
             device_map=config.device_map, max_memory=config.max_memory,
-            offload_folder=config.offload_folder)
+            offload_folder=config.offload_folder, quantize=config.quantize)
         tokenizer = Tokenizer.load(model_dir, model.config, family.special_ids)
         return cls(model, tokenizer, model_dir, config, family.generation_defaults(model_dir),
                    family)
@@ -415,9 +418,20 @@ class Engine:
                "device": str(self.device), "context_length": cfg.max_position_embeddings,
                "attention": "block_causal" if self.block_causal else "bidirectional",
                "block_size": self.block_size, "defaults": self._defaults.to_dict()}
+        out.update(self.weights_info())
         out.update(memory_info(self.device))
         out.update({f"scheduler_{k}": v for k, v in self.stats().items()})
         return out
+
+    def weights_info(self) -> dict[str, Any]:
+        """``weight_bytes`` (the parameters' real storage: a quantized tensor's int data,
+        scales and zero points; tied weights once), ``quantize`` (the mode, None at full
+        width) and ``quantization`` (what was quantized, what stayed full width, the layout;
+        a pre-quantized checkpoint's format), and whether the CPU decode path is packed."""
+        report = getattr(self.model, "celeris_quantization", None)
+        return {"weight_bytes": weight_bytes(self.model)["total"],
+                "quantize": (report or {}).get("mode"), "quantization": report,
+                "packed": self.packed}
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
         """Each id decoded on its own, special tokens as "" (for drawing a canvas per token)."""

@@ -86,13 +86,15 @@ class DiffusionGemmaConfig(PretrainedConfig):
 
 
 def load(config: DiffusionGemmaConfig, model_dir: Path, device: torch.device,
-         dtype: torch.dtype, device_map: str | None) -> Any:
-    """transformers' model on one device (a clear error for a missing weight file)."""
+         dtype: torch.dtype, device_map: str | None, **options: Any) -> Any:
+    """transformers' model on one device (a clear error for a missing weight file);
+    ``options`` go to its ``from_pretrained`` (a compressed-tensors checkpoint's
+    ``quantization_config``: ``families.loading.prequantized``)."""
     if device_map is not None:
         raise ModelLoadError("device_map: DiffusionGemma checkpoints load on one device; "
                              "leave device_map unset (None)")
     weight_files(model_dir)
-    return load_diffusion_gemma(config, model_dir, device, dtype)
+    return load_diffusion_gemma(config, model_dir, device, dtype, **options)
 
 
 DIFFUSION_GEMMA = register(Family(

@@ -128,9 +128,10 @@ class DiffusionGemma(nn.Module):
 
 # ---------------------------------------------------------------------- loading
 def load_diffusion_gemma(config: Any, model_dir: Path, device: torch.device,
-                         dtype: torch.dtype) -> DiffusionGemma:
+                         dtype: torch.dtype, **options: Any) -> DiffusionGemma:
     """transformers' model from the checkpoint directory, every weight accounted for: a
-    missing or unexpected tensor is refused by name (transformers would only warn)."""
+    missing or unexpected tensor is refused by name (transformers would only warn).
+    ``options`` go to ``from_pretrained`` (a compressed-tensors ``quantization_config``)."""
     try:
         from transformers import DiffusionGemmaForBlockDiffusion as HFModel
     except ImportError:
@@ -140,8 +141,8 @@ def load_diffusion_gemma(config: Any, model_dir: Path, device: torch.device,
     try:
         hf, info = HFModel.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True,
                                            attn_implementation="sdpa",
-                                           output_loading_info=True)
-    except (OSError, ValueError, RuntimeError) as exc:
+                                           output_loading_info=True, **options)
+    except (OSError, ValueError, RuntimeError, ImportError) as exc:
         raise ModelLoadError(f"cannot load the DiffusionGemma checkpoint in {model_dir}: "
                              f"{exc}") from None
     for what in ("missing_keys", "unexpected_keys", "mismatched_keys"):

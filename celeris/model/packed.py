@@ -31,6 +31,14 @@ parameters' version counters and data pointers and the weights are packed again 
 next forward; a model moved off the CPU falls back to the module path. The module path stays
 the reference: tests hold the two to the same logits (within float32 rounding) and the same
 greedy tokens.
+
+Quantized weights (``--quantize``, ``quantize.py``) keep their width here too. int8 weights
+(torchao's per-row ``Int8Tensor``) are packed as int8: the rows of q/k/v (and of gate/up) and
+their scales are concatenated, exactly the same values, and multiplied by
+``torch._weight_int8pack_mm`` with bfloat16 inputs and outputs (int8 weights, bfloat16
+activations: the kernel is vectorised for bfloat16; with float32 inputs it ran 2.5-20x slower
+than oneDNN's float32 product on the 2-core AVX2 VM). Other torchao weights (int4) are not
+fused: each runs its own product through torchao's kernel. The output head stays as loaded.
 """
 
 from __future__ import annotations
@@ -134,6 +142,41 @@ class PlainProducts:
         return torch.addmm(residual, x, w)
 
 
+INT8_INPUT = torch.bfloat16    # the activations' dtype into torch._weight_int8pack_mm
+
+
+class Int8Rows(NamedTuple):
+    """int8 weight rows (N, K) and their scales (N,), multiplied by _weight_int8pack_mm."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x.to(INT8_INPUT), self.q, self.scale).to(x.dtype)
+
+
+class Linears(NamedTuple):
+    """Quantized weights that cannot be fused (int4): one product each, outputs side by side."""
+
+    weights: tuple[torch.Tensor, ...]
+
+    def mm(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [F.linear(x, w) for w in self.weights]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+
+def is_int8_rows(w: torch.Tensor) -> bool:
+    """torchao's weight-only Int8Tensor with one scale per output row (what --quantize int8
+    makes), which packs as plain int8 rows."""
+    return (type(w).__name__ == "Int8Tensor" and w.dim() == 2
+            and getattr(w, "act_quant_kwargs", None) is None
+            and list(getattr(w, "block_size", ())) == [1, w.shape[1]])
+
+
+def is_quantized(w: torch.Tensor) -> bool:
+    return type(w) not in (torch.Tensor, torch.nn.Parameter)
+
+
 class PackedWeights:
     """Fused copies of a CPU model's weights laid out for its product kernel, with a stamp of
     the parameters they were made from."""
@@ -158,7 +201,7 @@ class PackedWeights:
     def pack(self) -> None:
         self._params = list(self.model.parameters())
         self.products = self._products()
-        m, cfg, prep = self.model, self.model.config, self.products.prep
+        m, cfg = self.model, self.model.config
         with torch.no_grad():
             layers = []
             for blk in m.model.layers:
@@ -168,20 +211,42 @@ class PackedWeights:
                         else None)
                 layers.append(PackedLayer(
                     ln1=blk.input_layernorm.weight.detach(),
-                    qkv=prep(torch.cat([p.weight for p in projs])),
+                    qkv=self._fused([p.weight for p in projs]),
                     qkv_bias=bias,
                     q_norm=a.q_norm.weight.detach() if a.qk_norm else None,
                     k_norm=a.k_norm.weight.detach() if a.qk_norm else None,
-                    o=prep(a.o_proj.weight),
+                    o=self._fused([a.o_proj.weight]),
                     ln2=blk.post_attention_layernorm.weight.detach(),
-                    gate_up=prep(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                    down=prep(mlp.down_proj.weight)))
+                    gate_up=self._fused([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    down=self._fused([mlp.down_proj.weight])))
             self.layers = layers
             self.norm = m.model.norm.weight.detach()
-            self.head = prep(m.lm_head.weight)
+            self.head = self._fused([m.lm_head.weight])
         self.eps = cfg.rms_norm_eps
         self.heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.stamp = self._stamp()
+
+    def _fused(self, weights: list[torch.Tensor]) -> Any:
+        """One product's weight from the (out, in) weights whose outputs go side by side:
+        float weights concatenated in the product kernel's layout, int8 rows concatenated
+        with their scales, other quantized weights kept as they are (one product each)."""
+        if all(is_int8_rows(w) for w in weights):
+            return Int8Rows(torch.cat([w.qdata for w in weights]).contiguous(),
+                            torch.cat([w.scale.reshape(-1) for w in weights]).to(INT8_INPUT))
+        if any(is_quantized(w) for w in weights):
+            return Linears(tuple(w.detach() for w in weights))
+        return self.products.prep(weights[0] if len(weights) == 1 else torch.cat(weights))
+
+    def mm(self, x: torch.Tensor, w: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(w, (Int8Rows, Linears)):
+            y = w.mm(x)
+            return y if bias is None else y + bias
+        return self.products.mm(x, w, bias)
+
+    def mm_add(self, x: torch.Tensor, w: Any, residual: torch.Tensor) -> torch.Tensor:
+        if isinstance(w, (Int8Rows, Linears)):
+            return residual + w.mm(x)
+        return self.products.mm_add(x, w, residual)
 
     def current(self) -> "PackedWeights | None":
         """Self, packed again first if any parameter changed since the last packing; None
@@ -198,7 +263,7 @@ class PackedWeights:
         lead = h.shape[:-1]
         x = h.reshape(-1, h.shape[-1])
         rows = x.shape[0]
-        return self.products.mm(pad_rows(x, bucket_rows(rows)), self.head)[:rows].view(*lead, -1)
+        return self.mm(pad_rows(x, bucket_rows(rows)), self.head)[:rows].view(*lead, -1)
 
 
 def packable(config: Any) -> bool:
@@ -233,7 +298,7 @@ def packed_layers(w: PackedWeights, h: torch.Tensor, cos: torch.Tensor, sin_s: t
     ``signed_sin`` tables shaped like h's leading dims + (1, D)."""
     H, Hkv, D = w.heads
     lead, C = h.shape[:-1], h.shape[-1]
-    mm, mm_add = w.products.mm, w.products.mm_add
+    mm, mm_add = w.mm, w.mm_add
     x = h.reshape(-1, C)                                                     # (R, C)
     R = x.shape[0]
     padded = bucket_rows(R)     # products run on zero rows up to a bucketed count (few shapes)
