@@ -509,7 +509,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run a benchmark suite")
     p.add_argument("--suite", default=None,
                    help="decode, ar, stories, lengths, serve, invariance, structured, "
-                        "scores, gpu, all (default) or a comma list")
+                        "scores, quant, gpu, all (default) or a comma list")
     p.add_argument("--json", default=None, metavar="PATH", help="write the JSON report here")
     p.add_argument("--html", default=None, metavar="PATH", help="write the HTML report here")
     p.add_argument("--model", default=None, help=MODEL_HELP)

@@ -18,7 +18,7 @@ from tests.test_bench_fixture import one_thread, tiny_ar_dir, tiny_model_dir  # 
 
 GEN, BLOCK = 16, 8
 SUITES = ("decode", "ar", "stories", "lengths", "serve", "invariance", "structured", "scores",
-          "gpu")
+          "quant", "gpu")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -241,6 +241,30 @@ def test_structured_suite_puts_constrained_beside_unconstrained_at_batch_1_and_1
     assert row["schemas"] >= 40 and row["accepted"] <= row["compiled"] <= row["schemas"]
     assert row["ratio"] == pytest.approx(row["accepted"] / row["compiled"], abs=0.001)
     assert row["ratio"] >= 0.9
+
+
+def test_quant_suite_times_each_mode_on_both_paths_and_scores_them(bench_run):
+    """--suite quant (tiny): float32, int8 and int4 side by side on the module and packed
+    paths at batch 1 and 8, their real weight bytes, accuracy and token agreement against
+    full width, and the fit table from published configs."""
+    sec = bench_run.suites["quant"]
+    keys = {(r["mode"], r["path"], r["batch"]) for r in sec["rows"]}
+    assert keys == {(m, p, b) for m in ("float32", "int8", "int4")
+                    for p in ("module", "packed") for b in (1, 8)}
+    for row in sec["rows"]:
+        assert row["step_ms"] > 0 and row["steps"] == sec["settings"]["gen_length"]
+        if row["mode"] == "float32":
+            assert row["vs_float32"] == 1.0 and row["weight_ratio"] is None
+    size = {r["mode"]: r["weight_bytes"]["total"] for r in sec["rows"]}
+    assert size["int4"] < size["int8"] < size["float32"]
+    tables = {t["name"]: t for t in sec["tables"]}
+    acc = {r["mode"]: r for r in tables["accuracy"]["rows"]}
+    assert set(acc) == {"float32", "int8", "int4"}
+    assert acc["float32"]["token_agreement"] == 1.0
+    assert all(0.0 <= r["accuracy"] <= 1.0 and r["n"] == 6 for r in acc.values())
+    fit = {r["model"]: r for r in tables["fit"]["rows"]}
+    assert set(fit) == {"LLaDA-8B", "Dream-7B", "LLaDA2.0-mini"}
+    assert fit["LLaDA-8B"]["int8_gb"] < 0.6 * fit["LLaDA-8B"]["bf16_gb"]
 
 
 def test_the_moe_step_model_has_llada2_mini_published_size():

@@ -352,6 +352,22 @@ def test_embedding_and_head_stay_full_width(dirs):
     assert q.quantized(model.model.layers[0].self_attn.q_proj.weight)
 
 
+def test_published_configs_fit_table_matches_the_configs():
+    from celeris.bench.quant import fit_rows
+    rows = {r["model"]: r for r in fit_rows()}
+    llada = rows["LLaDA-8B"]
+    assert llada["bytes"]["bf16"] == 2 * 8_015_581_184          # LLaDA-8B's parameters
+    # int8: the layers' 6.98B values a byte + a float32 scale and int8 zero point per row;
+    # the embedding and head (2 x 126464 x 4096) stay bfloat16
+    layers = 32 * (4 * 4096 * 4096 + 3 * 4096 * 12288)
+    rows_per_layer = 4 * 4096 + 2 * 12288 + 4096
+    norms = 32 * 2 * 4096 + 4096
+    assert llada["bytes"]["int8"] == (2 * 2 * 126464 * 4096 + 2 * norms
+                                      + layers + 5 * 32 * rows_per_layer)
+    assert rows["LLaDA2.0-mini"]["int4_gb"] == "refused (MoE)"
+    assert 0.26 < llada["bytes"]["int4"] / llada["bytes"]["bf16"] < 0.40
+
+
 # ---------------------------------------------------------------------- the packed CPU path
 def test_int8_goes_into_the_packed_path_and_matches_the_module_path():
     engine = Engine.from_pretrained(SHIPPED_BD, device="cpu", quantize="int8")

@@ -1,4 +1,4 @@
-"""Benchmark suites: ``python -m celeris bench --suite decode|ar|stories|lengths|serve|invariance|structured|scores|gpu|all``.
+"""Benchmark suites: ``python -m celeris bench --suite decode|ar|stories|lengths|serve|invariance|structured|scores|quant|gpu|all``.
 
 All requested suites run in one process on one loaded model, so every ratio in the report is
 measured side by side. The report records the machine, versions, dtype, model, lengths, batch
@@ -19,6 +19,7 @@ from .decode import run_ar, run_decode
 from .gpu import run_gpu
 from .lengths import run_invariance, run_lengths
 from .progress import clock
+from .quant import run_quant
 from .report import console, write_html, write_json
 from .scores import run_scores
 from .serve import run_serve
@@ -28,9 +29,9 @@ from .structured import run_structured
 SUITES: dict[str, Callable[[BenchContext], dict[str, Any]]] = {
     "decode": run_decode, "ar": run_ar, "stories": run_stories, "lengths": run_lengths,
     "serve": run_serve, "invariance": run_invariance, "gpu": run_gpu,
-    "structured": run_structured, "scores": run_scores}
+    "structured": run_structured, "scores": run_scores, "quant": run_quant}
 ALL_ORDER = ("decode", "ar", "stories", "lengths", "serve", "invariance", "structured", "scores",
-             "gpu")
+             "quant", "gpu")
 
 
 def suite_names(spec: str | None) -> list[str]:
