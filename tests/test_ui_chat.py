@@ -74,11 +74,20 @@ def test_an_over_long_message_leaves_the_history_and_goes_back_in_the_box(
     assert chat[-1]["role"] == "assistant" and chat[-1]["content"]
 
 
-def test_old_turns_are_left_out_oldest_first_to_fit_the_context(small_context_engine):
+def test_old_turns_are_left_out_oldest_first_to_fit_the_context(small_context_engine,
+                                                                 monkeypatch):
+    import dataclasses
+
     slot = EngineSlot(small_context_engine)
     turn = [{"role": "user", "content": "the quick brown fox " * 4},
             {"role": "assistant", "content": "the lazy dog " * 4}]
     messages = turn * 4 + [{"role": "user", "content": "and then?"}]
+    # the demo family reads the last request alone: nothing to leave out
+    assert small_context_engine.family.single_turn_chat
+    assert fit_history(slot, messages, 16) == (messages, 0)
+    # a family that reads the whole history (every real checkpoint's)
+    monkeypatch.setattr(small_context_engine, "family", dataclasses.replace(
+        small_context_engine.family, single_turn_chat=False))
     kept, dropped = fit_history(slot, messages, 16)
     assert dropped > 0 and dropped % 2 == 0 and kept == messages[dropped:]
     assert slot.prompt_tokens(kept) + 16 <= 96 < slot.prompt_tokens(messages) + 16

@@ -14,7 +14,7 @@ import gradio as gr
 
 from celeris import EXAMPLE_TOOLS, GenerationParams, GenerationResult
 
-from . import bounds, render
+from . import bounds, render, world
 from .context import (EngineSlot, Follow, error_message, paced, session_of, user_error,
                       user_errors)
 from .examples import examples
@@ -72,8 +72,8 @@ def reply_bounds(context: int | None, default: int | None = None) -> tuple[int, 
 
 
 REPLY_DEFAULT = 256   # the shipped stories run to ~165 tokens; 64 cut them mid-sentence
-SINGLE_TURN = ("The demo models were trained on single questions and answers: they read the "
-               "earlier turns but do best with one request at a time (**Clear** starts afresh).")
+SINGLE_TURN = ("The demo models were trained on single questions and answers: each reply "
+               "answers your latest message alone (the earlier turns stay on screen).")
 TOO_LONG = ("Your message does not fit: with the reply length of {reply} tokens it needs "
             "{need} tokens, and the model's context is {context}. Shorten it or lower the "
             "reply length; it is back in the box and the conversation is unchanged.")
@@ -261,6 +261,7 @@ def create_ui(slot: EngineSlot) -> Follow:
             send = gr.Button("Send", variant="primary", scale=1, elem_id="chat-send",
                              interactive=False)
             stop = gr.Button("Stop", variant="stop", scale=1, elem_id="chat-stop")
+        unknown = world.notice_box("chat-unknown")
         with gr.Row():
             preset = gr.Radio([DEFAULT_PRESET, *PRESETS], value="fast", label="preset",
                               elem_id="chat-preset")
@@ -282,6 +283,12 @@ def create_ui(slot: EngineSlot) -> Follow:
     respond = make_respond(slot)
     events = []
     message.change(send_button, message, send, queue=False, api_visibility="private",
+                   show_progress="hidden")
+
+    def check_words(text: Any, request: gr.Request) -> str:
+        return world.notice(slot.session(request), text) if isinstance(text, str) else ""
+
+    message.change(check_words, message, unknown, queue=False, api_visibility="private",
                    show_progress="hidden")
     for trigger in (send.click, message.submit):
         ev = trigger(make_add(slot), [message, chatbot], [message, chatbot],

@@ -126,9 +126,8 @@ class ModelView:
     def prompt_tokens(self, prompt: Any) -> int | None:
         """Tokens the engine makes of ``prompt`` (text or messages); None when unknown
         (no model, empty prompt, a model without a chat template for messages)."""
-        tokenizer = getattr(self.engine, "tokenizer", None)
-        try:
-            return len(tokenizer.encode_prompt(prompt))
+        try:      # the engine's own reading (a single-turn family keeps the last request)
+            return len(self.engine.prompt_ids(prompt))
         except (AttributeError, TypeError, ValueError):
             return None
 

@@ -210,8 +210,8 @@ class Engine:
             bad = next((t for t in ids if not 0 <= t < vocab), None)
             if bad is not None:
                 raise ValueError(f"prompt token ids must be in [0, {vocab}), got {bad}")
-        else:
-            ids = self.tokenizer.encode_prompt(prompt)
+        else:     # the turns its family's model can use (celeris: the last request)
+            ids = self.tokenizer.encode_prompt(self.family.chat_messages(prompt))
         Tokenizer.check_prompt_ids(ids, self.tokenizer.special)
         return ids
 

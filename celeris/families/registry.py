@@ -54,6 +54,20 @@ class Family:
     causal_lm: bool = False                  # ... and AutoModelForCausalLM (block models)
     # how its answers spell tool calls and how tools reach its prompt (tool_calls.py)
     tool_calls: ToolSyntax = GENERIC
+    # its checkpoints learned single-turn chats only: a chat prompt keeps its system turns
+    # and its last user turn (``chat_messages``); other families read the whole history
+    single_turn_chat: bool = False
+
+    def chat_messages(self, prompt: Any) -> Any:
+        """The messages of a chat prompt this family's model is given (a text or token ids
+        unchanged): with ``single_turn_chat`` the system turns and the last user turn, in
+        order, so that a request after other turns is read as it would be alone; else all."""
+        if not self.single_turn_chat or not isinstance(prompt, list) or not all(
+                isinstance(m, dict) for m in prompt):
+            return prompt
+        users = [i for i, m in enumerate(prompt) if m.get("role") == "user"]
+        last = users[-1] if users else -1
+        return [m for i, m in enumerate(prompt) if m.get("role") == "system" or i == last]
 
     def compiled_renames(self) -> tuple[tuple[re.Pattern, str], ...]:
         return _compiled(self.renames)
