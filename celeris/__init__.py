@@ -33,6 +33,8 @@ __version__ = "0.1.0"
 from .engine import (AsyncEngine, ContextLengthError, Engine, cut_at_stop, memory_info,
                      split_infill)
 from .ar_baseline import ARBaseline
+# the demo world, for the playground's story builder and unknown-word notice
+from .synthetic.world import builder_request, prompt_unknown_words, world, world_markdown
 
 __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "StepEvent",
            "FinishReason", "Timings", "Usage", "CelerisError", "ModelLoadError",
@@ -41,4 +43,5 @@ __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "St
            "SDARConfig", "SDARMoeConfig", "LLaDA2MoeConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
            "AsyncEngine", "ContextLengthError", "split_infill", "Family", "register_family",
            "EXAMPLE_TOOLS", "QuantizeError", "quantize_model", "weight_bytes",
-           "config_weight_bytes"]
+           "config_weight_bytes", "builder_request", "prompt_unknown_words", "world",
+           "world_markdown"]

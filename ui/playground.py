@@ -16,7 +16,7 @@ import gradio as gr
 
 from celeris.params import GenerationParams
 
-from . import bounds, charts, limits, render, structured, widgets
+from . import bounds, charts, limits, render, structured, widgets, world
 from .context import (EngineSlot, Follow, follow, session_of, user_error, user_errors,
                       with_error_frame)
 from .examples import examples
@@ -240,6 +240,7 @@ def _prompt_column() -> dict[str, Any]:
     parts = {"prompt": gr.Textbox(first[0], lines=3, label="prompt", elem_id="pg-prompt"),
           "as_chat": gr.Checkbox(first[1], label="chat message", elem_id="pg-chat",
                                  info="wrap the prompt in the model's chat template")}
+    parts["unknown"] = world.notice_box("pg-unknown")
     parts["mode"], parts["spec"] = structured.create_control("pg")
     with gr.Row():
         parts["run"] = gr.Button("Generate", variant="primary", elem_id="pg-generate")
@@ -300,6 +301,15 @@ def create_ui(slot: EngineSlot) -> Follow:
         _charts_section(replay)
     _wire(slot, parts, preset, controls, traj_state, replay)
     bounds.wire_controls(slot, parts["prompt"], parts["as_chat"], controls)
+    # the demo world (shipped celeris models only): builder and unknown-word notice
+    with tab:
+        builder = world.create_builder(slot, parts["prompt"], parts["as_chat"])
+
+    def check_words(text: Any, chat: Any, request: gr.Request) -> str:
+        return world.notice(slot.session(request), text)
+
+    parts["prompt"].change(check_words, [parts["prompt"], parts["as_chat"]], parts["unknown"],
+                           queue=False, api_visibility="private", show_progress="hidden")
 
     def fit_gen(text: Any, chat: Any, value: Any, request: gr.Request) -> Any:
         view = slot.session(request)
@@ -313,7 +323,9 @@ def create_ui(slot: EngineSlot) -> Follow:
     tab.select(fit_gen, [parts["prompt"], parts["as_chat"], controls[2]], controls[2],
                **bounds.QUIET)
     tab.select(fit_block, [controls[2], controls[3]], controls[3], **bounds.QUIET)
-    return Follow([parts["prompt"], parts["as_chat"]], [preset, *controls], controls_for)
+    return Follow([parts["prompt"], parts["as_chat"]], [preset, *controls, builder],
+                  lambda view, *inputs: [*controls_for(view, *inputs),
+                                         gr.Accordion(visible=world.applies(view))])
 
 
 def _wire(slot: EngineSlot, parts: dict[str, Any], preset: gr.Radio, controls: list[Any],
