@@ -160,6 +160,7 @@ def machine_info() -> dict[str, Any]:
             torch.get_num_threads(), "gpu": gpu, "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
             "triton": _version("triton"), "transformers": _version("transformers"),
+            "torchao": _version("torchao"), "compressed_tensors": _version("compressed-tensors"),
             "celeris": _version("celeris") or __import__("celeris").__version__}
 
 
