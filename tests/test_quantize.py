@@ -266,6 +266,25 @@ def test_cuda_refusals_name_the_gpu_its_capability_and_the_reason(monkeypatch, m
         assert f"--quantize {mode}" in why and needle in why and "Fake GPU" in why
 
 
+def test_each_mode_and_device_takes_its_torchao_config():
+    """What a GPU would run (no GPU here): the configs handed to torchao's quantize_."""
+    from torchao.prototype.quantization.int4.inference_workflow import (
+        PrototypeInt4WeightOnlyConfig)
+    from torchao.quantization import (Float8WeightOnlyConfig, Int4WeightOnlyConfig,
+                                      Int8WeightOnlyConfig)
+    cuda = torch.device("cuda")
+    assert isinstance(q._config("int8", CPU), Int8WeightOnlyConfig)
+    assert isinstance(q._config("int8", cuda), Int8WeightOnlyConfig)
+    assert isinstance(q._config("fp8", cuda), Float8WeightOnlyConfig)
+    cpu4 = q._config("int4", CPU, 64)
+    assert isinstance(cpu4, PrototypeInt4WeightOnlyConfig) and cpu4.group_size == 64
+    gpu4 = q._config("int4", cuda, 128)
+    assert isinstance(gpu4, Int4WeightOnlyConfig) and gpu4.group_size == 128
+    assert gpu4.int4_packing_format == "tile_packed_to_4d"
+    assert [q.int4_group(s) for s in ((32, 256), (48, 96), (16, 32), (8, 32), (32, 48))] == \
+        [128, 32, 32, None, None]
+
+
 def test_missing_torchao_is_refused_with_what_to_install(monkeypatch, dirs):
     monkeypatch.setattr(q, "installed", lambda package: package != "torchao")
     with pytest.raises(QuantizeError, match=r"--quantize int8 needs torchao.*"

@@ -257,7 +257,9 @@ def _config(mode: str, device: torch.device, group: int = INT4_GROUPS[0]) -> Any
     if mode == "fp8":
         return Float8WeightOnlyConfig(set_inductor_config=False)
     if device.type == "cuda":
-        return Int4WeightOnlyConfig(group_size=group, int4_packing_format="tile_packed_to_4d",
+        from torchao.quantization.quantize_.workflows import Int4PackingFormat
+        return Int4WeightOnlyConfig(group_size=group,
+                                    int4_packing_format=Int4PackingFormat.TILE_PACKED_TO_4D,
                                     set_inductor_config=False)
     from torchao.prototype.quantization.int4.inference_workflow import (
         PrototypeInt4WeightOnlyConfig)
