@@ -36,10 +36,11 @@ RUN python3 -m venv /opt/venv
 WORKDIR /app
 # The same pinned requirements as ./launch.sh; torch first, at the pin requirements.txt names,
 # from the index that matches the base.
-COPY requirements.txt ./
+# --quantize's libraries too (requirements-quant.txt): an image is for the GPU boxes it needs.
+COPY requirements.txt requirements-quant.txt ./
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" \
         "$(grep -E '^torch==' requirements.txt)" \
-    && pip install --no-cache-dir -r requirements.txt
+    && pip install --no-cache-dir -r requirements.txt -r requirements-quant.txt
 COPY app.py ./
 COPY celeris ./celeris
 COPY ui ./ui

@@ -94,7 +94,7 @@ def test_the_container_starts_app_py_on_0_0_0_0_port_7860(commands):
 
 def test_the_image_installs_the_same_pinned_requirements(commands):
     runs = " ; ".join(c.value[0] for c in commands if c.cmd == "RUN")
-    assert "pip install --no-cache-dir -r requirements.txt" in runs
+    assert "pip install --no-cache-dir -r requirements.txt -r requirements-quant.txt" in runs
     grep = re.search(r"grep -E '([^']+)' requirements\.txt", runs)
     assert grep, "torch must be installed at the pin requirements.txt names"
     lines = (ROOT / "requirements.txt").read_text().splitlines()

@@ -548,3 +548,34 @@ def test_model_card_line_shows_the_weights_and_their_width():
     full = render.model_markdown(Engine.from_pretrained(SHIPPED_BD, device="cpu").info())
     assert "| weights | `22.0 MB, full width` |" in full
     assert celeris.weight_bytes is weight_bytes
+
+
+def test_v1_models_names_the_quantization_and_weight_bytes():
+    import httpx
+
+    from celeris.server import create_app
+    from tests.live_server import live_server
+
+    engine = Engine.from_pretrained(device="cpu", quantize="int8")
+    try:
+        with live_server(create_app(engine)) as url:
+            card = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]
+        assert card["quantize"] == "int8"
+        assert card["weight_bytes"] == engine.info()["weight_bytes"] > 0
+    finally:
+        engine.stop()
+
+
+def test_serve_with_ray_passes_quantize_to_the_replicas(monkeypatch):
+    """--quantize is not a device-map option: --ray takes it (each replica quantizes its
+    own copy) instead of refusing it with --device-map's message."""
+    import argparse
+
+    from celeris.server import ray_serve, serve
+
+    seen = {}
+    monkeypatch.setattr(ray_serve, "main", lambda args: seen.setdefault("quantize",
+                                                                        args.quantize) and 0)
+    args = argparse.Namespace(ray=True, quantize="int8", device_map=None, max_memory=None,
+                              offload_folder=None)
+    assert serve.main(args) == 0 and seen == {"quantize": "int8"}

@@ -130,7 +130,8 @@ def main(args: argparse.Namespace) -> int:
     serve = import_serve()
     import ray
 
-    engine_options = {k: v for k in ("max_running", "max_queue", "device", "dtype", "compile")
+    engine_options = {k: v for k in ("max_running", "max_queue", "device", "dtype", "compile",
+                                     "quantize")
                       if (v := getattr(args, k, None)) is not None}
     app = application(
         getattr(args, "model", None),

@@ -37,7 +37,7 @@ KEEP_ALIVE_S = 5             # an idle keep-alive connection is closed after thi
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "ray", False):
         big = [f"--{k.replace('_', '-')}" for k in BIG_MODEL_FIELDS
-               if getattr(args, k, None) is not None]
+               if k != "quantize" and getattr(args, k, None) is not None]
         if big:     # each replica loads its model on its own device (--gpus-per-replica)
             raise ValueError(f"{', '.join(big)} do not apply with --ray: every replica loads "
                              "the model on its own device; give --gpus-per-replica instead")

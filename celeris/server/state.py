@@ -199,7 +199,8 @@ class ServerState:
         info = self.aengine.engine.info()
         return {"id": self.model_name, "object": "model", "created": self.created,
                 "owned_by": "celeris", "context_length": info["context_length"],
-                "architecture": info["architecture"], "dtype": info["dtype"]}
+                "architecture": info["architecture"], "dtype": info["dtype"],
+                "quantize": info.get("quantize"), "weight_bytes": info.get("weight_bytes")}
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
