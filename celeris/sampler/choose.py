@@ -225,6 +225,19 @@ class RowKnobs:
         values, ids = logp.topk(self.top_logprobs, dim=-1)                       # (M, W, k)
         return torch.cat([chosen, values, ids.float()], -1)
 
+    def _adjustment(self, counts: torch.Tensor | None, vocab: int) -> torch.Tensor:
+        """(B, V) float32 added to every position of a row: its logit biases (dense, built
+        once per batch layout) minus (presence * (count > 0) + frequency * count)."""
+        if self.bias_entries is not None and (self._bias is None
+                                              or self._bias.shape[1] != vocab):
+            rows, ids, biases = self.bias_entries
+            self._bias = torch.zeros(len(self.params), vocab, device=self.device).index_put_(
+                (rows, ids), biases)
+        if counts is None:
+            return self._bias
+        penalty = self.presence * (counts > 0) + self.frequency * counts
+        return -penalty if self._bias is None else self._bias - penalty
+
     def edit(self, x0: torch.Tensor, p_x0: torch.Tensor, tokens: torch.Tensor,
              editable: torch.Tensor) -> torch.Tensor:
         """(B, W) bool: token editing (LLaDA2.1's token-to-token rule). An editable committed
