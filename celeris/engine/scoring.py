@@ -22,6 +22,7 @@ first token of a block from the clean previous block's last position, as they de
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -58,7 +59,7 @@ def score_tokens(model: Any, ids: Sequence[int], mask_id: int, top: int = 0,
     chunks = _block_chunks(ids, mask_id, cfg.block_size, bool(cfg.shift_logits)) \
         if cfg.block_causal else _full_chunks(ids, mask_id)
     for inputs, positions, attn, read, targets in chunks:
-        with (lock() if lock is not None else _nothing()), torch.inference_mode():
+        with (lock() if lock is not None else nullcontext()), torch.inference_mode():
             kwargs = {} if attn is None else {"attn_mask": attn.to(device)}
             logits = model(torch.tensor(inputs, device=device),
                            position_ids=torch.tensor(positions, device=device),
@@ -126,10 +127,3 @@ def _block_chunks(ids: list[int], mask_id: int, bs: int, shift: bool) -> Iterato
         yield inputs, positions, attn[None, None].expand(len(part), 1, 2 * L, 2 * L), \
             [[L + i if shift and i % bs == 0 else i for i in r] for r in reads], targets
 
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
