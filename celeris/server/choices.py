@@ -11,6 +11,7 @@ Log-probabilities are shaped here too: the completions (legacy) and chat forms.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -145,3 +146,65 @@ def chat_logprobs(pairs: list[tuple[int, TokenLogprob | None]], strings: Callabl
                         "top_logprobs": [{"token": a, "logprob": lp, "bytes": list(a.encode())}
                                          for a, (_, lp) in zip(alts, e.top)]})
     return {"content": content, "refusal": None}
+
+
+# ---------------------------------------------------------------------- engine requests
+async def make_choices(engine: Any, plan: Plan, params: GenerationParams, request_id: str
+                       ) -> list[Choice]:
+    """One Choice per prompt and sample (suffix: the gap's canvas, refused where the
+    family writes left to right)."""
+    choices = []
+    for p, prompt in enumerate(plan.prompts):
+        for i in range(plan.drawn):
+            rid = request_id if len(plan.prompts) * plan.drawn == 1 else \
+                f"{request_id}-{p}-{i}"
+            c = Choice(p * plan.drawn + i, prompt, plan.seeded(params, i), rid)
+            if plan.suffix is not None:
+                await _suffixed(engine, plan, c)
+            choices.append(c)
+    return choices
+
+
+async def _suffixed(engine: Any, plan: Plan, c: Choice) -> None:
+    if not isinstance(c.prompt, str):
+        raise invalid("suffix needs a text prompt (not token ids)", "suffix")
+    try:
+        c.prompt, c.canvas, c.params = await asyncio.to_thread(
+            engine.suffix_request, c.prompt, plan.suffix, c.params)
+    except ValueError as exc:
+        raise invalid(f"suffix: {exc}", "suffix") from None
+    c.gap = sum(1 for t in c.canvas if t == engine.special.mask)
+
+
+async def echo_prompts(engine: Any, plan: Plan, choices: list[Choice]) -> None:
+    """The prompts' text in front of their answers; with logprobs, their tokens' scores
+    (computed once per prompt, between denoising steps)."""
+    done: dict[int, tuple[str, int, Any]] = {}
+    for c in choices:
+        p = c.index // plan.drawn
+        if p not in done:
+            try:
+                ids = await asyncio.to_thread(engine.prompt_ids, c.prompt)
+                scores = None if plan.top is None else await asyncio.to_thread(
+                    engine.score, ids, plan.top)
+            except ValueError as exc:
+                raise invalid(str(exc), "logprobs" if plan.top is not None else "prompt"
+                              ) from None
+            text = c.prompt if isinstance(c.prompt, str) else engine.tokenizer.decode(ids)
+            done[p] = text, ids[0], scores
+        c.echo, c.first, c.scores = done[p]
+
+
+def settle_text(engine: Any, c: Choice, result: GenerationResult) -> str:
+    """Keep ``result`` as the choice's and give its text (the suffix gap's, when any)."""
+    c.result = result
+    return c.text(engine.tokenizer.decode)
+
+
+def choice_logprobs(engine: Any, c: Choice, chat: bool, plan: Plan) -> dict[str, Any] | None:
+    """The choice's log-probabilities in the endpoint's shape, None when not asked."""
+    if plan.top is None:
+        return None
+    pairs = c.logprobs()
+    shape = chat_logprobs if chat else completion_logprobs
+    return shape(pairs, engine.token_strings)

@@ -15,10 +15,9 @@ from fastapi.responses import JSONResponse
 
 from ..outputs import FinishReason, GenerationResult, StepEvent
 from .auth import api_key_dependency
-from ..params import GenerationParams
 from .bodies import ClientGone, generation_params, read_request
-from .choices import Choice, Plan, chat_logprobs, completion_logprobs
-from .errors import APIError, context_message, from_exception, invalid
+from .choices import Plan, choice_logprobs, echo_prompts, make_choices, settle_text
+from .errors import APIError, context_message, from_exception
 from .protocol import ChatCompletionRequest, CompletionRequest
 from .shaping import Shapes, world_notes
 from .state import ServerState
@@ -100,12 +99,12 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         params = tools.params(params, req.parallel_tool_calls)
     request_id = uuid.uuid4().hex[:16]
     shapes = Shapes(chat, request_id, state.model_name, notes)
-    choices = await _choices(engine, plan, params, request_id)
+    choices = await make_choices(engine, plan, params, request_id)
     if plan.echo:
-        await _echo(engine, plan, choices)
+        await echo_prompts(engine, plan, choices)
     if plan.score_only:
         return JSONResponse(shapes.response(
-            [shapes.choice(c.index, c.echo, "length", logprobs=_logprobs(engine, c, chat, plan))
+            [shapes.choice(c.index, c.echo, "length", logprobs=choice_logprobs(engine, c, chat, plan))
              for c in choices], [], sum(len(c.scores or ()) for c in choices)))
     streams: list[ChoiceStream] = []
 
@@ -119,7 +118,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
                                    events=req.stream)
             streams.append(ChoiceStream(c.index, [], items, echo=c.echo if req.stream else "",
                                         final_text=None if c.canvas is None else
-                                        (lambda r, c=c: _suffix_text(engine, c, r))))
+                                        (lambda r, c=c: settle_text(engine, c, r))))
         for s in streams:   # the status is decided by the first denoising step (or result)
             first = await until_disconnect(request, _first_step(s.items, s.head), abort_all)
             if isinstance(first, Disconnected):   # gone before its first byte
@@ -154,7 +153,7 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
         def logprobs(index: int, result: GenerationResult) -> Any:
             c = by_index[index]
             c.result = result
-            return _logprobs(engine, c, chat, plan)
+            return choice_logprobs(engine, c, chat, plan)
 
         events = sse_events(streams, shapes, params.stop, include_usage,
                             req.celeris_denoise_events, finish, logprobs, prompt_tokens)
@@ -173,68 +172,9 @@ async def _complete(state: ServerState, request: Request, chat: bool) -> Respons
             reason = finish_with_calls(reason, bool(found))
             calls = (content, found)
         out.append(shapes.choice(c.index, c.text(engine.tokenizer.decode), reason, calls,
-                                 _logprobs(engine, c, chat, plan)))
+                                 choice_logprobs(engine, c, chat, plan)))
     results = [c.result for c in choices]
     return JSONResponse(shapes.response(out, results, prompt_tokens()))
-
-
-async def _choices(engine: Any, plan: Plan, params: GenerationParams, request_id: str
-                   ) -> list[Choice]:
-    """One Choice per prompt and sample (suffix: the gap's canvas, refused where the
-    family writes left to right)."""
-    choices = []
-    for p, prompt in enumerate(plan.prompts):
-        for i in range(plan.drawn):
-            rid = request_id if len(plan.prompts) * plan.drawn == 1 else \
-                f"{request_id}-{p}-{i}"
-            c = Choice(p * plan.drawn + i, prompt, plan.seeded(params, i), rid)
-            if plan.suffix is not None:
-                await _suffixed(engine, plan, c)
-            choices.append(c)
-    return choices
-
-
-async def _suffixed(engine: Any, plan: Plan, c: Choice) -> None:
-    if not isinstance(c.prompt, str):
-        raise invalid("suffix needs a text prompt (not token ids)", "suffix")
-    try:
-        c.prompt, c.canvas, c.params = await asyncio.to_thread(
-            engine.suffix_request, c.prompt, plan.suffix, c.params)
-    except ValueError as exc:
-        raise invalid(f"suffix: {exc}", "suffix") from None
-    c.gap = sum(1 for t in c.canvas if t == engine.special.mask)
-
-
-async def _echo(engine: Any, plan: Plan, choices: list[Choice]) -> None:
-    """The prompts' text in front of their answers; with logprobs, their tokens' scores
-    (computed once per prompt, between denoising steps)."""
-    done: dict[int, tuple[str, int, Any]] = {}
-    for c in choices:
-        p = c.index // plan.drawn
-        if p not in done:
-            try:
-                ids = await asyncio.to_thread(engine.prompt_ids, c.prompt)
-                scores = None if plan.top is None else await asyncio.to_thread(
-                    engine.score, ids, plan.top)
-            except ValueError as exc:
-                raise invalid(str(exc), "logprobs" if plan.top is not None else "prompt"
-                              ) from None
-            text = c.prompt if isinstance(c.prompt, str) else engine.tokenizer.decode(ids)
-            done[p] = text, ids[0], scores
-        c.echo, c.first, c.scores = done[p]
-
-
-def _suffix_text(engine: Any, c: Choice, result: GenerationResult) -> str:
-    c.result = result
-    return c.text(engine.tokenizer.decode)
-
-
-def _logprobs(engine: Any, c: Choice, chat: bool, plan: Plan) -> dict[str, Any] | None:
-    if plan.top is None:
-        return None
-    pairs = c.logprobs()
-    shape = chat_logprobs if chat else completion_logprobs
-    return shape(pairs, engine.token_strings)
 
 
 async def _close(streams: list[ChoiceStream]) -> None:
