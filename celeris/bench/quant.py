@@ -133,7 +133,7 @@ def _step_table(ctx: BenchContext, dims: dict[str, Any]) -> tuple[list[dict], di
             systems[f"{_name(mode)}/{path}"] = engine
     params = _step_params(gen)
     rows: list[dict[str, Any]] = []
-    bar = ctx.bar(len(BATCHES) * (repeats + 1) * len(systems), "ms per step (mode x path)")
+    bar = ctx.bar(sum(BATCHES) * (repeats + 1) * len(systems), "ms per step (mode x path)")
     for batch in BATCHES:
         runs = {name: (lambda chunk, e=engine: e.generate_batch(chunk, params))
                 for name, engine in systems.items()}

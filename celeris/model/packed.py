@@ -38,7 +38,8 @@ their scales are concatenated, exactly the same values, and multiplied by
 ``torch._weight_int8pack_mm`` with bfloat16 inputs and outputs (int8 weights, bfloat16
 activations: the kernel is vectorised for bfloat16; with float32 inputs it ran 2.5-20x slower
 than oneDNN's float32 product on the 2-core AVX2 VM). Other torchao weights (int4) are not
-fused: each runs its own product through torchao's kernel. The output head stays as loaded.
+fused: each runs its own product through torchao's kernel, on bfloat16 inputs too. The output
+head stays as loaded.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from .quantize import QUANT_CPU_INPUT
 
 PACK_MAX_BYTES = 256 * 2 ** 20      # larger models are bound by arithmetic, not by op count
 
@@ -142,7 +145,7 @@ class PlainProducts:
         return torch.addmm(residual, x, w)
 
 
-INT8_INPUT = torch.bfloat16    # the activations' dtype into torch._weight_int8pack_mm
+INT8_INPUT = QUANT_CPU_INPUT    # the activations' dtype into torch._weight_int8pack_mm
 
 
 class Int8Rows(NamedTuple):
@@ -156,12 +159,15 @@ class Int8Rows(NamedTuple):
 
 
 class Linears(NamedTuple):
-    """Quantized weights that cannot be fused (int4): one product each, outputs side by side."""
+    """Quantized weights that cannot be fused (int4): one product each on bfloat16 inputs
+    (torchao's CPU int4 kernel; see ``quantize.QUANT_CPU_INPUT``), outputs side by side in
+    the input's dtype."""
 
     weights: tuple[torch.Tensor, ...]
 
     def mm(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [F.linear(x, w) for w in self.weights]
+        xq = x.to(QUANT_CPU_INPUT)
+        outs = [F.linear(xq, w).to(x.dtype) for w in self.weights]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
