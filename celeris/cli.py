@@ -186,7 +186,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                                              ("masking", args.masking),
                                              ("selfgen", args.selfgen),
                                              ("selfgen_prob", args.selfgen_prob),
-                                             ("asks", _asks(args.asks)))
+                                             ("asks", _asks(args.asks)),
+                                             ("free", args.free))
                            if v is not None})
     except user_errors() as exc:
         return error(exc)
@@ -204,7 +205,7 @@ def cmd_distill_data(args: argparse.Namespace) -> int:
                                batch=args.batch, seed=args.seed, resume=args.resume,
                                minutes=args.minutes, relabel_requests=not args.no_relabel,
                                correct_requests=not args.no_correct, min_arcs=args.min_arcs,
-                               temperature=args.temperature)
+                               temperature=args.temperature, free=args.free)
     except (FileExistsError, *user_errors()) as exc:
         return error(exc)
     print(json.dumps(summary))
@@ -396,6 +397,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                    help="e.g. 0.5:adj,place,obj: that share of the long-story requests ask for "
                         "at least one of the fields (kind, adj, name, place, obj); default: the "
                         "corpus's own request forms")
+    p.add_argument("--free", type=float, default=None, metavar="SHARE",
+                   help="share in [0, 1] of long story requests phrased freely "
+                        "(the free-phrasing grammar's training parts; default 0)")
     p.add_argument("--semi-ar-prob", type=float, default=None, metavar="P",
                    help="fraction of story and story-request rows trained in the "
                         "semi-autoregressive state (clean prefix, one masked block, later "
@@ -439,6 +443,9 @@ def _add_distill_data(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="sample each answer at T (0-2; default 0, greedy): a greedy pool is the "
                         "model's mode, and training on it narrows what the model writes")
+    p.add_argument("--free", type=float, default=0.0, metavar="SHARE",
+                   help="share in [0, 1] of the requests phrased freely (the free-phrasing "
+                        "grammar's training parts; default 0: the corpus's request sentences)")
     p.add_argument("--no-relabel", action="store_true",
                    help="drop a good story that ignores its request instead of keeping it "
                         "under the request it honours (hindsight relabelling)")

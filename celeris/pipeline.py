@@ -194,7 +194,7 @@ class Workspace:
                          batch=spec["batch"], seed=spec["seed"], resume=True,
                          progress=self.progress, relabel_requests=spec["relabel"],
                          correct_requests=spec["correct"], min_arcs=spec["min_arcs"],
-                         temperature=spec["temperature"])
+                         temperature=spec["temperature"], free=spec["free"])
         records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()]
         lines = [json.dumps(r) for r in records
                  if "done" not in r and r.get("source") not in spec["drop"]]

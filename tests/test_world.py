@@ -12,7 +12,7 @@ import pytest
 
 import celeris
 from celeris.server import create_app
-from celeris.synthetic import corpus, tasks
+from celeris.synthetic import corpus, phrasing, tasks
 from celeris.synthetic.world import (builder_request, known_words, prompt_unknown_words,
                                      unknown_words, world, world_markdown)
 from tests.live_server import live_server
@@ -28,20 +28,27 @@ def test_world_lists_the_grammar_tables_themselves():
     assert "**kinds**: girl, boy" in text and "in the forest" in text and "Luna" in text
 
 
-def test_builder_writes_a_training_template_with_the_picked_details():
+def test_builder_writes_every_picked_detail_in_training_parts():
     assert builder_request("fox", "Tom") == "Tell me a story about a fox named Tom."
-    assert builder_request("cat", "Luna", "shy") == "Tell me a story about a shy cat called Luna."
+    assert builder_request("cat", "Luna", "shy") == "Tell me a story about a shy cat named Luna."
     assert builder_request("owl", place="in the forest") == \
         "Tell me a story about an owl who lives in the forest."
-    assert builder_request("dog", obj="kite") == "Tell me a story about a dog and a kite."
-    assert builder_request(name="Mia") == "Please write a story about Mia."
+    assert builder_request("dog", obj="kite") == "Tell me a story about a dog who finds a kite."
+    assert builder_request(name="Mia") == "Tell me a story about Mia."
+    assert builder_request(place="in the forest", obj="key") == \
+        "Tell me a story set in the forest with a key in it."
     assert builder_request() == builder_request(adj="shy") == "Tell me a story."
-    forms = {f for _, f in corpus.LONG_REQUEST_FORMS} | set(corpus.REQUEST_FORMS)
     text = builder_request("fox", "Tom", "brave", "key", "by the sea")
-    assert any(corpus.request_text(f, {"kind": "fox", "name": "Tom", "adj": "brave",
-                                       "obj": "key", "place": "by the sea"})[0] == text
-               for f in forms)
+    assert text == ("Tell me a story about a brave fox named Tom who lives by the sea and "
+                    "finds a key.")
     assert unknown_words(text) == []
+    # every request the builder writes is one the free-phrasing grammar trains on: its
+    # parts are training parts, and what it asks is what was picked
+    picks = {"kind": "fox", "name": "Tom", "adj": "brave", "obj": "key", "place": "by the sea"}
+    text, asks = phrasing.compose(picks)
+    assert asks == picks and text == builder_request(**picks)
+    training = {p.text for p in phrasing.PARTS if not p.held_out}
+    assert {"about {a_adj_kind} named {name}", "who lives {place} and finds {a_obj}"} <= training
 
 
 def test_every_word_the_grammar_and_the_tasks_write_is_known():
@@ -55,8 +62,9 @@ def test_every_word_the_grammar_and_the_tasks_write_is_known():
 
 
 def test_invented_words_emoji_and_non_ascii_are_named_once_in_order():
-    text = "Tell me a STORY about a brave owl named Pip who finds a zorblax 🦉 at the café, zorblax!"
-    assert unknown_words(text) == ["finds", "zorblax", "🦉", "café", "é"]
+    text = "Tell me a STORY about a brave owl named Pip who spots a zorblax 🦉 at the café, zorblax!"
+    assert unknown_words(text) == ["spots", "zorblax", "🦉", "café", "é"]
+    assert unknown_words("Can you make up a tale about an owl who finds a key?") == []
     assert unknown_words("Fox, fox! sort: 4 1 9 2 (add: 47 + 85)") == []
     assert unknown_words("mail me @ once #1") == ["mail", "@", "#"]
     assert unknown_words("") == []

@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from . import corpus, tasks
+from . import corpus, phrasing, tasks
 
 _WORD = re.compile(r"[A-Za-z]+")
 _PIECE = re.compile(r"[^\W\d_]+|.", re.DOTALL)     # a word (letters of any script) or a char
@@ -48,21 +48,12 @@ def world_markdown() -> str:
 
 def builder_request(kind: str | None = None, name: str | None = None, adj: str | None = None,
                     obj: str | None = None, place: str | None = None) -> str:
-    """A story request for the picked details, phrased the way the training requests are
-    (``corpus.LONG_REQUEST_FORMS`` / ``REQUEST_FORMS``): the richest training template that
-    holds what was picked, filled by ``corpus.request_text``. Details no training template
-    combines with the others are left out (a template with kind, name and object does not
-    exist: the name wins over the object). Empty picks give "Tell me a story."."""
-    picked = {k: v for k, v in (("kind", kind), ("name", name), ("adj", adj), ("obj", obj),
-                                ("place", place)) if v}
-    dummy = {f: "x" for f in ("kind", "adj", "name", "place", "obj")}
-    forms = [f for _, f in corpus.LONG_REQUEST_FORMS] + list(corpus.REQUEST_FORMS)
-    best, most = "Tell me a story.", 0
-    for form in forms:
-        asks = set(corpus.request_text(form, dummy)[1])
-        if asks <= set(picked) and len(asks) > most:
-            best, most = form, len(asks)
-    return corpus.request_text(best, picked)[0]
+    """A story request for the picked details in the free-phrasing grammar's training parts
+    (``phrasing.compose``): "Tell me a story about a brave fox named Pip who lives in the
+    forest and finds a key.". An adjective needs a kind to be said; empty picks give "Tell me
+    a story."."""
+    return phrasing.compose({"kind": kind, "name": name, "adj": adj, "obj": obj,
+                             "place": place})[0]
 
 
 def _literal_words(source: str) -> set[str]:
@@ -87,11 +78,14 @@ def _literal_words(source: str) -> set[str]:
 
 @lru_cache(maxsize=1)
 def known_words() -> frozenset[str]:
-    """Every word the story grammar (stories, long stories, story requests) and the checkable
-    tasks' prompts can write, lower-case: the words of the string literals of
-    ``corpus.py`` (its tables and sentence templates) and the task names."""
-    source = Path(corpus.__file__).read_text(encoding="utf-8")
-    return frozenset(_literal_words(source) | {t.lower() for t in tasks.TASKS})
+    """Every word the story grammar (stories, long stories, story requests, freely phrased
+    requests) and the checkable tasks' prompts can write, lower-case: the words of the string
+    literals of ``corpus.py`` (its tables and sentence templates) and ``phrasing.py`` (whose
+    held-out parts use only words its training parts or the stories use) and the task names."""
+    words = {t.lower() for t in tasks.TASKS}
+    for module in (corpus, phrasing):
+        words |= _literal_words(Path(module.__file__).read_text(encoding="utf-8"))
+    return frozenset(words)
 
 
 def unknown_words(text: str) -> list[str]:

@@ -6,9 +6,10 @@ starting from stage N-1's weights (``from`` names another stage; stage 0 starts 
 
     name, kind, steps              the run's name in the cards, ar|diffusion|bd, optimizer steps
     seed, threads                  as the run had them (CELERIS_THREADS, when set, wins)
-    lr, mix, tokens_per_batch, block_size, certainty, masking, semi_ar_prob, asks
+    lr, mix, tokens_per_batch, block_size, certainty, masking, semi_ar_prob, asks, free
                                    training settings (``trainer.TRAIN_PRESETS``; unset = preset)
-    distill = {requests, tasks, batch, seed, relabel, correct, min_arcs, drop, temperature}
+    distill = {requests, tasks, batch, seed, relabel, correct, min_arcs, drop, temperature,
+               free}
                                    first the starting model answers training prompts
                                    (``selfgen.distill_data``; a list of counts runs passes that
                                    resume one file; ``drop`` removes sources); the stage then
@@ -35,11 +36,11 @@ from typing import Any
 from celeris.train.trainer import KINDS, check_settings
 
 SETTINGS = ("lr", "mix", "tokens_per_batch", "block_size", "certainty", "masking",
-            "semi_ar_prob", "selfgen_prob", "asks")
+            "semi_ar_prob", "selfgen_prob", "asks", "free")
 STAGE_KEYS = {"name", "kind", "steps", "seed", "threads", "from", "distill", "selfgen", "runs",
               "same_as", *SETTINGS}
 DISTILL_KEYS = {"requests", "tasks", "batch", "seed", "relabel", "correct", "min_arcs", "drop",
-                "temperature"}
+                "temperature", "free"}
 RUN_SETTINGS = ("masking", "seed")
 
 
@@ -106,7 +107,7 @@ def _distill(where: str, value: Any) -> dict[str, Any]:
         raise _fail(where, f"distill: unknown key(s) {', '.join(unknown)}; "
                            f"known: {', '.join(sorted(DISTILL_KEYS))}")
     out = {"batch": 16, "seed": 0, "relabel": True, "correct": True, "min_arcs": 0, "drop": [],
-           "temperature": 0.0, **value}
+           "temperature": 0.0, "free": 0.0, **value}
     passes = [out.get(k) if isinstance(out.get(k), list) else [out.get(k)]
               for k in ("requests", "tasks")]
     if len(passes[0]) != len(passes[1]):

@@ -26,6 +26,7 @@ from typing import Any
 
 from celeris.synthetic import corpus as _corpus
 from celeris.synthetic import longcheck
+from celeris.synthetic.phrasing import free_request
 from celeris.synthetic import tasks as _tasks
 from celeris.train import stream as _stream
 
@@ -33,15 +34,18 @@ TEACHER = {"temperature": 0.0, "cache": "prefix"}    # over the model's default 
 MAX_NEW_TOKENS = 448
 
 
-def prompts(requests: int, tasks: int, seed: int = 0) -> list[tuple[str, str, Any]]:
+def prompts(requests: int, tasks: int, seed: int = 0,
+            free: float = 0.0) -> list[tuple[str, str, Any]]:
     """(source, user text, what a good answer must satisfy) for the training split:
-    long requests carry their ``StoryRequest``; tasks their ``Example``."""
+    long requests carry their ``StoryRequest``; tasks their ``Example``. ``free`` of the
+    requests are phrased freely (``phrasing.free_request``, training parts)."""
     rng = random.Random(f"celeris-selfgen:{seed}")
     names, weights = zip(*_stream.Mix().task_weights)
     out: list[tuple[str, str, Any]] = []
     for i in range(max(requests, tasks)):
         if i < requests:
-            r = _corpus.long_request(rng, "train")
+            free_one = bool(free) and rng.random() < free
+            r = (free_request if free_one else _corpus.long_request)(rng, "train")
             out.append(("longreq", r.text, r))
         if i < tasks:
             ex = _tasks.random_example(rng.choices(names, weights)[0], rng, "train")
@@ -64,9 +68,10 @@ def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
     (hindsight relabelling): asked for "a brave fox named Max", a story about a brave cat
     named Max is kept under "a brave cat named Max". The hero comes from its introduction,
     the place is the first corpus place it names, the object the first one it finds. None
-    when the story lacks such a field, the request has no template (``spec.form``) or the new
-    text is a held-out one (``corpus.request_split``)."""
-    if not getattr(spec, "form", ""):
+    when the story lacks such a field, the request has no template of the corpus's
+    (``spec.form``; a freely phrased request's form names its parts, not a sentence) or the
+    new text is a held-out one (``corpus.request_split``)."""
+    if getattr(spec, "form", "") not in _LONG_FORMS:
         return None
     need, values = set(spec.asks), {}
     if need & {"kind", "adj", "name"}:
@@ -91,6 +96,7 @@ def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
     return _corpus.StoryRequest(text, asks, spec.story, spec.form)
 
 
+_LONG_FORMS = frozenset(form for _, form in _corpus.LONG_REQUEST_FORMS)
 OPENING = "Once upon a time, there was "
 
 
@@ -226,7 +232,8 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
                  tasks: int = 600, batch: int = 16, seed: int = 0, resume: bool = False,
                  minutes: float | None = None, progress: bool = True,
                  relabel_requests: bool = True, correct_requests: bool = True,
-                 min_arcs: int = 0, temperature: float = 0.0) -> dict[str, Any]:
+                 min_arcs: int = 0, temperature: float = 0.0,
+                 free: float = 0.0) -> dict[str, Any]:
     """Answer the prompts with ``model`` at its own default decoding and append the kept
     answers (``kept_record``) to ``out``. ``temperature`` 0 answers greedily (the model's
     mode: each round of training on it narrows what the model writes); above 0 each prompt
@@ -248,7 +255,8 @@ def distill_data(model: str | Path, out: str | Path, *, requests: int = 600,
     out = Path(out)
     if out.exists() and not resume:
         raise FileExistsError(f"{out} exists; pass --resume to continue it or remove it")
-    todo = prompts(requests, tasks, seed)
+    free = _stream.check_free(free)
+    todo = prompts(requests, tasks, seed, free)
     done = _done_count(out) if out.exists() else 0
     engine = Engine.from_pretrained(str(model), device="cpu")
     if not engine.block_causal:

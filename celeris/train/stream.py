@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator
 
 from celeris.synthetic import tasks as _tasks
+from celeris.synthetic.phrasing import free_request
 from celeris.synthetic.corpus import (ACTIVITIES, ADJECTIVES, KINDS, NAMES_HE, NAMES_SHE,
                                       OBJECTS, PLACES, STORY_EVAL_BUCKETS, long_request,
                                       random_long_story, random_story, story_request)
@@ -36,6 +37,8 @@ class Mix:
     ``ask_share`` of the ``longreq``/``reqhead`` requests ask for at least one of
     ``ask_fields`` (redrawn until one does; the training setting ``asks``): the corpus's forms
     ask an adjective, a place or an object rarely, too rarely for a model to learn to copy it.
+    ``free_share`` of them are phrased freely (``phrasing.free_request``, its training parts;
+    the training setting ``free``) instead of by the corpus's ten request sentences.
     """
 
     story: float = 0.20
@@ -49,6 +52,7 @@ class Mix:
                                                    ("count", 0.25))
     ask_share: float = 0.0
     ask_fields: tuple[str, ...] = ()
+    free_share: float = 0.0
 
     def sources(self) -> tuple[tuple[str, float], ...]:
         return (("story", self.story), ("task", self.task), ("request", self.request),
@@ -117,9 +121,11 @@ def _request_item(rng: random.Random, mix: Mix) -> Item:
 
 def _long_request_item(rng: random.Random, mix: Mix, source: str = "longreq") -> Item:
     fields = set(mix.ask_fields) if mix.ask_share and rng.random() < mix.ask_share else set()
-    r = long_request(rng)
+    free = bool(mix.free_share) and rng.random() < mix.free_share
+    draw = free_request if free else long_request
+    r = draw(rng)
     while fields and not fields & set(r.asks):
-        r = long_request(rng)
+        r = draw(rng)
     return Item(source, messages=(("user", r.text),), answer=r.story)
 
 
@@ -148,6 +154,15 @@ def check_asks(asks: "dict | None") -> "dict | None":
             or not set(fields) <= set(ASKABLE)):
         raise ValueError(f"asks.fields must list some of {', '.join(ASKABLE)}, got {fields!r}")
     return {"share": float(share), "fields": list(dict.fromkeys(fields))}
+
+
+def check_free(free: "float | None") -> float:
+    """The ``free`` training setting: the share in [0, 1] of long requests phrased freely."""
+    if free is None:
+        return 0.0
+    if isinstance(free, bool) or not isinstance(free, (int, float)) or not 0 <= free <= 1:
+        raise ValueError(f"free must be a share in [0, 1], got {free!r}")
+    return float(free)
 
 
 # the request fields a long request can ask for (``corpus.LONG_REQUEST_FORMS``)

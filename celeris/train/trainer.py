@@ -52,7 +52,7 @@ _TINY = dict(lr=2e-3, min_lr_ratio=0.1, warmup_steps=100, weight_decay=0.1, beta
              grad_clip=1.0, tokens_per_batch=2048, prefix_prob=0.25, semi_ar_prob=0.0,
              mix=None, tokenizer_texts=20000, vocab_size=tt.VOCAB_SIZE, eval_stories=128,
              block_size=8, certainty=0.0, masking="random", selfgen=None, selfgen_prob=0.0,
-             asks=None, log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2)
+             asks=None, free=0.0, log_every=10, ckpt_every=200, eval_every=500, keep_checkpoints=2)
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": _TINY,
     "micro": {**_TINY, "lr": 3e-3, "warmup_steps": 4, "tokens_per_batch": 512,
@@ -215,6 +215,7 @@ def check_settings(kind: str, preset: str, overrides: dict[str, Any]) -> dict[st
         tp["selfgen"] = str(tp["selfgen"])
         _stream.load_pool(tp["selfgen"])          # fails early, naming the file and line
     tp["asks"] = _stream.check_asks(tp["asks"])
+    tp["free"] = _stream.check_free(tp.get("free"))
     if tp["mix"] is not None:        # validated and logged as a dict of the source weights
         tp["mix"] = {k: v for k, v in _stream.Mix.from_weights(tp["mix"]).sources()}
     if not (isinstance(tp["semi_ar_prob"], (int, float))
@@ -275,6 +276,8 @@ class _Run:
         if tp.get("asks"):
             mix = replace(mix, ask_share=tp["asks"]["share"],
                           ask_fields=tuple(tp["asks"]["fields"]))
+        if tp.get("free"):
+            mix = replace(mix, free_share=tp["free"])
         self.stream = _stream.Stream(seed=seed, mix=mix,
                                      pool=pool, pool_prob=tp.get("selfgen_prob", 0.0))
         self.batcher = Batcher(tok, self.stream, tokens_per_batch=tp["tokens_per_batch"],
