@@ -105,8 +105,8 @@ def _assert_twin_ratios(rows):
     """Each batch's rows carry both ratios against the twin's two rows (the same-engine twin
     decodes the twin's tokens: tests/test_packed_forward.py, test_shipped_model.py; a random
     tiny model's near-tied logits may part them after a hundred tokens)."""
-    for batch in (1, 8):
-        group = {r["system"]: r for r in rows if r["batch"] == batch}
+    for key in dict.fromkeys((r.get("prompts"), r["batch"]) for r in rows):
+        group = {r["system"]: r for r in rows if (r.get("prompts"), r["batch"]) == key}
         hf, same = group[AR_SYSTEM], group[AR_ENGINE_SYSTEM]
         assert hf["vs_ar"] == 1.0 and same["vs_ar_engine"] == 1.0
         assert same["tokens_per_forward"] <= 1.0           # one position a step, EOS counted
@@ -119,11 +119,19 @@ def _assert_twin_ratios(rows):
 def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(bench_run):
     sec = bench_run.suites["stories"]
     rows = sec["rows"]
-    assert [(r["system"], r["batch"]) for r in rows] == \
-        [(AR_SYSTEM, 1), (AR_ENGINE_SYSTEM, 1), (DEFAULT_SYSTEM, 1),
-         (AR_SYSTEM, 8), (AR_ENGINE_SYSTEM, 8), (DEFAULT_SYSTEM, 8)]
+    assert [(r["prompts"], r["system"], r["batch"]) for r in rows] == \
+        [("phrasings", AR_SYSTEM, 1), ("phrasings", AR_ENGINE_SYSTEM, 1),
+         ("phrasings", DEFAULT_SYSTEM, 1), ("phrasings", AR_SYSTEM, 8),
+         ("phrasings", AR_ENGINE_SYSTEM, 8), ("phrasings", DEFAULT_SYSTEM, 8),
+         ("templates", AR_SYSTEM, 1), ("templates", AR_ENGINE_SYSTEM, 1),
+         ("templates", DEFAULT_SYSTEM, 1)]
     _assert_twin_ratios(rows)
     assert sec["settings"]["requests"] == 8           # --n 1: 8 held-out long requests
+    assert sec["settings"]["sets"] == {"phrasings": [1, 8], "templates": [1]}
+    for row in rows[1:3] + rows[4:6] + rows[7:]:      # engine rows: per-chunk ratio spread
+        median, low, high = map(float, re.fullmatch(
+            r"([\d.]+) \(([\d.]+)-([\d.]+)\)", row["vs_ar_chunks"]).groups())
+        assert 0 < low <= median <= high
     for row in rows:
         assert row["requests"] == 8
         assert row["completion_tokens"] <= 8 * sec["settings"]["max_new_tokens"]
@@ -140,8 +148,8 @@ def test_stories_suite_scores_long_requests_for_both_systems_at_batch_1_and_8(be
         assert row["vs_ar"] is not None
     assert rows[0]["vs_ar"] == 1.0 and "tokens_per_forward" in rows[2]
     assert "tokens_per_forward" not in rows[0]
-    # sampled diversity of the engine systems at batch 1: distinct stories of 5 seeds
-    assert [("seed_stories" in r) for r in rows] == [False, True, True, False, False, False]
+    # sampled diversity of the engine systems at batch 1 (phrasings): distinct stories of 5 seeds
+    assert [("seed_stories" in r) for r in rows] == [False, True, True] + [False] * 6
     assert all(1.0 <= r["seed_stories"] <= 5.0 for r in rows[1:3])
 
 
