@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompt", default="Tell me a story about a brave fox called Pip.")
+    ap.add_argument("--prompt", default="Can you tell me a story about a brave fox named Pip "
+                                          "who finds a key?")
     ap.add_argument("--out", default=str(ROOT / "assets" / "playground.png"))
     args = ap.parse_args()
 

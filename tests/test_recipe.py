@@ -44,7 +44,8 @@ def test_each_shipped_recipe_names_the_runs_of_its_models_training_log(model):
     chain = _log_chain(model)
     for stage in _trained(recipe):
         run = stage.runs[0]["name"] if stage.runs else stage.name
-        logged = [c for c in chain if Path(str(c.get("out"))).name == run]
+        logged = [c for c in chain      # a hand-run stage's own name, a recipe run's stage-NN
+                  if Path(str(c.get("out"))).name in (run, f"stage-{stage.index:02d}")]
         if not logged:
             continue                        # the ar stages of celeris-tiny-bd's chain: the twin's
         log = logged[0]
@@ -57,6 +58,7 @@ def test_each_shipped_recipe_names_the_runs_of_its_models_training_log(model):
         assert stage.settings.get("certainty", 0.0) == (tc.get("certainty") or 0.0)
         assert (stage.settings.get("selfgen_prob") or 0.0) == (tc.get("selfgen_prob") or 0.0)
         assert stage.settings.get("asks") == tc.get("asks")
+        assert (stage.settings.get("free") or 0.0) == (tc.get("free") or 0.0)
 
 
 def test_the_block_models_recipe_records_its_distill_rounds_and_averages():
@@ -64,10 +66,15 @@ def test_the_block_models_recipe_records_its_distill_rounds_and_averages():
     assert [s.index for s in bd.stages if s.same_as] == [*range(7), 16]
     assert all(s.same_as.recipe == RECIPES["celeris-tiny-ar"] for s in bd.stages[:7])
     assert bd.stages[16].same_as == Ref(RECIPES["celeris-tiny-ar"], 17)   # the taught twin
-    assert [s.index for s in bd.stages if s.distill] == [10, 11, 12, 13, 14, 15, 19, 20, 21]
-    assert [s.distill["temperature"] for s in bd.stages[19:]] == [0.8, 0.0, 0.0]
+    assert [s.index for s in bd.stages if s.distill] == [10, 11, 12, 13, 14, 15, 19, 20, 21,
+                                                         22, 23, 24]
+    assert [s.distill["temperature"] for s in bd.stages[19:]] == [0.8, 0.0, 0.0, 0.0, 0.8, 0.0]
     assert all(s.settings["asks"]["fields"] == ["adj", "place", "obj"] for s in bd.stages[17:20])
-    assert all(s.settings["asks"] == {"share": 0.6, "fields": ["adj"]} for s in bd.stages[20:])
+    assert all(s.settings["asks"] == {"share": 0.6, "fields": ["adj"]} for s in bd.stages[20:22])
+    # free phrasing: the last three rounds ask freely, in training and in their distill prompts
+    assert [s.settings.get("free") for s in bd.stages[21:]] == [None, 0.7, 0.8, 0.8]
+    assert [s.distill["free"] for s in bd.stages[21:]] == [0.0, 0.7, 0.8, 0.9]
+    assert bd.stages[24].settings["asks"] == {"share": 0.5, "fields": ["adj", "place"]}
     assert bd.stages[11].distill["passes"] == [(900, 900), (2700, 1200)]
     assert bd.stages[13].distill["drop"] == ["task"]
     assert (bd.stages[10].distill["relabel"], bd.stages[12].distill["correct"]) == (False, False)

@@ -237,27 +237,26 @@ def test_a_story_request_hero_is_honoured_on_held_out_requests(default_engine):
     assert honoured >= len(requests) - 1
 
 
-# The story requests the playground, Chat and Race tabs offer, as the corpus's request forms
-# build them (the model knows only those forms): (form, values).
+# The story requests the playground, Chat and Race tabs offer, each phrased freely in the
+# request grammar's training parts (celeris.synthetic.phrasing): (text, what it asks).
 STORY_EXAMPLES = (
-    ("Tell me a story about {a_adj_kind} called {name}.", {"kind": "fox", "adj": "brave",
-                                                           "name": "Pip"}),
-    ("Tell me a story about {a_kind} who lives {place}.", {"kind": "dog", "place": "by the sea"}),
-    ("Tell me a story about {a_kind} and {a_obj}.", {"kind": "girl", "obj": "key"}),
-    ("Write a long story about {a_adj_kind}.", {"kind": "bear", "adj": "sleepy"}),
-    ("Tell me a story about {a_adj_kind} called {name}.", {"kind": "horse", "adj": "clever",
-                                                           "name": "Max"}),
+    ("Can you tell me a story about a brave fox named Pip who finds a key?",
+     {"kind": "fox", "adj": "brave", "name": "Pip", "obj": "key"}),
+    ("Write me a tale about a dog who lives by the sea.", {"kind": "dog", "place": "by the sea"}),
+    ("I want a story about a girl and a key.", {"kind": "girl", "obj": "key"}),
+    ("Make up a long story about a sleepy bear.", {"kind": "bear", "adj": "sleepy"}),
+    ("Tell me a story about Max the clever horse.", {"kind": "horse", "adj": "clever",
+                                                      "name": "Max"}),
 )
 
 
 def test_the_story_examples_get_different_stories_that_honour_them(default_engine):
     """Every story request the UI offers is one of STORY_EXAMPLES, and the default model
     answers each at its defaults with its own story, honouring what it asks."""
-    from celeris.synthetic.corpus import request_text
     from celeris.synthetic.longcheck import request_honoured
     from ui.examples import examples
 
-    built = [request_text(form, values) for form, values in STORY_EXAMPLES]
+    built = list(STORY_EXAMPLES)
     offered = [e["prompt"] for e in examples("playground") if e["chat"]] + \
         list(examples("chat")) + [examples("race")]
     stories = [p for p in offered if p.split(":")[0] not in ("sort", "add", "reverse", "max",
