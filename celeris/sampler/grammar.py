@@ -52,8 +52,8 @@ class Grammars:
                 schema = json.loads(spec)
                 return c.compile_json_schema(schema if isinstance(schema, str) else
                                              json.dumps(schema), any_whitespace=False)
-            if kind == "json_object":
-                return c.compile_builtin_json_grammar()
+            if kind == "json_object":      # an object, as OpenAI's json_object promises
+                return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if kind == "regex":
                 return c.compile_regex(spec)
             if kind == "choice":
