@@ -21,6 +21,7 @@ spread of the per-chunk speed ratio against the twin beside the ratio of the tot
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 from .common import BenchContext, ar_params, messages, section, spread, timed_side_by_side
@@ -48,10 +49,15 @@ SEED_REQUESTS, SEEDS, SEED_TEMPERATURE = 4, 5, 0.8   # "5 seeds": one request, f
 
 def requests_for(ctx: BenchContext, which: str = "phrasings") -> list[Any]:
     """The held-out requests of set ``which`` ("phrasings" or "templates"), 8 per ``--n``."""
+    return list(_held_out(which, REQUESTS_PER_N * ctx.n))
+
+
+@functools.lru_cache(maxsize=None)
+def _held_out(which: str, n: int) -> tuple[Any, ...]:
     from celeris.synthetic.corpus import heldout_long_requests
     from celeris.synthetic.phrasing import heldout_free_requests
     held = heldout_free_requests if which == "phrasings" else heldout_long_requests
-    return held(REQUESTS_PER_N * ctx.n)
+    return tuple(held(n))
 
 
 def chunk_ratios(tokens: Sequence[int], walls: Sequence[float], ref_tokens: Sequence[int],

@@ -63,6 +63,9 @@ def _story_checks(answer: str, spec: Any) -> tuple[str, bool, bool]:
     return answer, good, s["request_honoured"] == 1.0
 
 
+_LONG_FORMS = frozenset(form for _, form in _corpus.LONG_REQUEST_FORMS)
+
+
 def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
     """The request ``story`` honours, in the template of the one it was written for
     (hindsight relabelling): asked for "a brave fox named Max", a story about a brave cat
@@ -96,7 +99,6 @@ def relabel(story: str, spec: Any) -> "_corpus.StoryRequest | None":
     return _corpus.StoryRequest(text, asks, spec.story, spec.form)
 
 
-_LONG_FORMS = frozenset(form for _, form in _corpus.LONG_REQUEST_FORMS)
 OPENING = "Once upon a time, there was "
 
 
