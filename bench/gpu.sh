@@ -13,8 +13,13 @@
 # then per-step latency, tokens/s, peak memory and fractions of HBM bandwidth and bf16 FLOP/s
 # at 1/4/8 tokens per forward, batch 1/8/32, prompt 512, block 32, full attention
 # (none/prefix/dual caches) and the same weights block-causal (block/none vs block/exact),
-# with the CUDA default kernels. Sized for <= 6 minutes on one H200 (runs predicted past 4
-# minutes of measuring, the MoE table's included, are skipped and listed). If compiling fails,
+# with the CUDA default kernels. Last, the "quant_step" table: both shapes rebuilt for each
+# --quantize mode (int8, fp8, int4; int4 is refused on the MoE) and timed block-causal with
+# the exact cache at batch 1 and 8 against the weight-read floor (the quantized bytes a
+# forward reads over the HBM bandwidth), within its own 150 s; it needs torchao
+# (requirements-quant.txt; without network: pip install the wheels brought along), else its
+# rows say why. Sized for <= 8 minutes on one H200 (runs predicted past 4 minutes of
+# measuring, the MoE table's included, are skipped and listed). If compiling fails,
 # the compiled rows run eagerly and the log says why; rerun with
 # CELERIS_COMPILE_BACKEND=aot_eager to tell a tracing problem from an inductor one. If the MoE
 # table fails, the log's notes say why and the dense tables still run.
@@ -34,5 +39,5 @@ html=()
 if "$py" -c "import plotly" 2>/dev/null; then html=(--html "$out/gpu.html"); fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv \
     2>&1 | tee "$out/gpu.log" || true
-timeout 400 "$py" -m celeris bench --suite gpu --no-progress --json "$out/gpu.json" \
+timeout 540 "$py" -m celeris bench --suite gpu --no-progress --json "$out/gpu.json" \
     "${html[@]}" 2>&1 | tee -a "$out/gpu.log"

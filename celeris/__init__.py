@@ -25,7 +25,7 @@ from .model import CelerisConfig, CelerisForMaskedDiffusion
 from .families import (EXAMPLE_TOOLS, DreamConfig, Family, FastDLLMQwenConfig, LLaDA2MoeConfig, LLaDAConfig,
                        SDARConfig, SDARMoeConfig, load_model, register_family)
 from .families.loading import config_weight_bytes
-from .model.quantize import QuantizeError, quantize_model, weight_bytes
+from .model.quantize import QuantizeError, quantize_model, tensor_bytes, weight_bytes
 from .outputs import FinishReason, GenerationResult, StepEvent, StepTiming, Timings, Usage
 from .params import GenerationParams
 
@@ -42,6 +42,6 @@ __all__ = ["Engine", "EngineConfig", "GenerationParams", "GenerationResult", "St
            "CelerisForMaskedDiffusion", "LLaDAConfig", "DreamConfig", "FastDLLMQwenConfig",
            "SDARConfig", "SDARMoeConfig", "LLaDA2MoeConfig", "StepTiming", "load_model", "cut_at_stop", "memory_info",
            "AsyncEngine", "ContextLengthError", "split_infill", "Family", "register_family",
-           "EXAMPLE_TOOLS", "QuantizeError", "quantize_model", "weight_bytes",
+           "EXAMPLE_TOOLS", "QuantizeError", "quantize_model", "tensor_bytes", "weight_bytes",
            "config_weight_bytes", "builder_request", "prompt_unknown_words", "world",
            "world_markdown"]

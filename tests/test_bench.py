@@ -196,7 +196,7 @@ def test_gpu_script_runs_its_tiny_version_on_cpu(bench_run):
 
 def test_gpu_suite_measures_the_step_with_each_kernel_setting_side_by_side(bench_run):
     sec = bench_run.suites["gpu"]
-    assert [t["name"] for t in sec["tables"]] == ["step_variants", "moe_step"]
+    assert [t["name"] for t in sec["tables"]] == ["step_variants", "moe_step", "quant_step"]
     table = sec["tables"][0]
     plan = sec["settings"]["plan"]
     rows = table["rows"]
@@ -542,3 +542,36 @@ def test_a_bench_run_prints_progress_to_stderr_and_names_one_system_default(mode
     assert len(set(systems)) == len(systems) == 4
     assert not any("default" in s.lower() and s != DEFAULT_SYSTEM for s in systems), systems
     assert "(default)" not in done.stdout and "fast" not in " ".join(systems)
+
+
+def test_gpu_suite_measures_each_quantize_mode_and_says_why_one_cannot_run(bench_run):
+    sec = bench_run.suites["gpu"]
+    plan = sec["settings"]["plan"]
+    table = sec["tables"][2]
+    assert table["name"] == "quant_step"
+    rows = table["rows"]
+    by = {(r["model"], r["mode"], r["batch"]): r for r in rows}
+    batches = plan["quant_batches"]
+    # what runs on a CPU: full width, int8, int4 (dense), full width, int8 (MoE), each batch
+    for model, mode in (("dense", "full width"), ("dense", "int8"), ("dense", "int4"),
+                        ("moe", "full width"), ("moe", "int8")):
+        for b in batches:
+            r = by[(model, mode, b)]
+            assert r["status"] == "ok" and r["cache"] == "block/exact"
+            assert r["tokens_per_forward"] == 1 and r["steps"] == plan["quant_gen_length"]
+            assert r["tokens"] == b * plan["quant_gen_length"]
+            full = by[(model, "full width", b)]
+            assert r["vs_full"] == pytest.approx(r["step_ms"] / full["step_ms"])
+            assert 0 < r["read_gb_per_step"] < r["weight_gb"]
+            assert r["floor_ms"] is None and r["vs_floor"] is None       # no GPU peak
+    # real storage: int8 and int4 weights take less than full width's, int4 the least
+    weight = {(m, q): by[(m, q, batches[0])]["weight_gb"] for m, q, b in by if b == batches[0]}
+    assert weight[("dense", "int4")] < weight[("dense", "int8")] < weight[("dense", "full width")]
+    assert weight[("moe", "int8")] < weight[("moe", "full width")]
+    # refusals are rows that say why: fp8 needs the hardware, int4 holds no experts
+    refused = {(r["model"], r["mode"]): r["status"] for r in rows if r["batch"] is None}
+    assert set(refused) == {("dense", "fp8"), ("moe", "fp8"), ("moe", "int4")}
+    assert all(s.startswith("refused: --quantize fp8") and "compute capability" in s
+               for (m, q), s in refused.items() if q == "fp8")
+    assert "mixture-of-experts" in refused[("moe", "int4")]
+    assert any(n.startswith("quant_step: ") for n in sec["notes"])
