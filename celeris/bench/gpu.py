@@ -114,13 +114,13 @@ MOE_COLUMNS = (("batch", "batch", "d"), ("tokens_per_forward", "TPF", "d"),
                ("weight_gb_per_step", "GB/step", ".3f"), ("roofline_ms", "roofline ms", ".2f"),
                ("hbm_fraction", "HBM frac", ".3f"), ("flops_fraction", "FLOP frac", ".3f"),
                ("peak_mem_gib", "peak GiB", ".2f"))
-QUANT_MODES = (None, "int8", "fp8", "int4")         # None: the model's dtype (full width)
-QUANT_COLUMNS = (("model", "model", "s"), ("mode", "mode", "s"), ("batch", "batch", "d"),
-                 ("step_ms", "step ms", ".2f"), ("tokens_per_s", "tok/s", ".1f"),
-                 ("vs_full", "x full width", ".2f"), ("weight_gb", "weights GB", ".2f"),
-                 ("read_gb_per_step", "GB/step", ".3f"), ("floor_ms", "read floor ms", ".2f"),
-                 ("vs_floor", "x floor", ".2f"), ("peak_mem_gib", "peak GiB", ".2f"),
-                 ("status", "status", "s"))
+GPU_QUANT_MODES = (None, "int8", "fp8", "int4")         # None: the model's dtype (full width)
+QUANT_STEP_COLUMNS = (("model", "model", "s"), ("mode", "mode", "s"), ("batch", "batch", "d"),
+                      ("step_ms", "step ms", ".2f"), ("tokens_per_s", "tok/s", ".1f"),
+                      ("vs_full", "x full width", ".2f"), ("weight_gb", "weights GB", ".2f"),
+                      ("read_gb_per_step", "GB/step", ".3f"), ("floor_ms", "read floor ms", ".2f"),
+                      ("vs_floor", "x floor", ".2f"), ("peak_mem_gib", "peak GiB", ".2f"),
+                      ("status", "status", "s"))
 # the kinds of weight a MoE step reads, by parameter name (moe_costs)
 WEIGHT_KINDS = ("embedding", "attention", "norms", "dense_mlp", "routers", "shared_experts",
                 "experts", "head")
@@ -611,102 +611,6 @@ def _measure_moe(dims: dict[str, Any], plan: GpuPlan, device: Any, dtype_name: s
     return rows, costs, skipped
 
 
-def _quant_row(runner: _Runner, batch: int, model_label: str, mode: str | None,
-               weights: int, read_bytes: float, bw: float | None,
-               warm: bool = True) -> dict[str, Any]:
-    """One timed quant_step run (after an untimed one unless ``warm`` is False: the caller
-    ran it) with its weight-read floor."""
-    if warm:
-        runner.time("block/exact", batch, 1)                                   # untimed
-    row = runner.time("block/exact", batch, 1)
-    floor = 1e3 * read_bytes / bw if bw else None
-    return dict(row, model=model_label, mode=mode or "full width", status="ok",
-                weight_gb=weights / 1e9, read_gb_per_step=read_bytes / 1e9, floor_ms=floor,
-                vs_floor=row["step_ms"] / floor if floor else None)
-
-
-def _measure_quant(models: Sequence[tuple[str, dict[str, Any], Any]], plan: GpuPlan,
-                   device: Any, dtype_name: str, hooks: tuple, bar: Any, gpu: str | None
-                   ) -> tuple[list[dict], list[str]]:
-    """Each ``--quantize`` mode's step against the model's dtype: for every (label, dims,
-    config class) of ``models``, a random model built, quantized in place, block-causal with
-    the exact cache, one token a forward, at each of ``quant_batches``, within
-    ``quant_budget_s``. A mode the device or the model refuses (fp8 without the hardware,
-    int4 on a mixture of experts) or that fails gets a row saying why. The read floor is the
-    weight bytes a forward must read (all but the embedding; a MoE: its fixed weights plus
-    the distinct experts routed for the forward's tokens, counted in the untimed run) over the
-    peak HBM bandwidth."""
-    import torch
-
-    from celeris import Engine, EngineConfig, QuantizeError, quantize_model, weight_bytes
-
-    deadline = time.perf_counter() + plan.quant_budget_s
-    bw, _ = _peaks(gpu)
-    qplan = replace(plan, gen_length=plan.quant_gen_length, batches=plan.quant_batches)
-    rows, skipped = [], []
-    dtype = getattr(torch, dtype_name)
-    for label, dims, config_cls in models:
-        full: dict[int, float] = {}
-        for mode in QUANT_MODES:
-            name = f"{label} {mode or 'full width'}"
-            if time.perf_counter() > deadline:
-                skipped.append(f"quant_step {name} (past the {plan.quant_budget_s:.0f} s slice)")
-                bar.update(len(plan.quant_batches))
-                continue
-            engine = runner = routing = model = None
-            try:
-                model = build_random_model(dict(dims, attention="block_causal",
-                                                block_size=plan.block_length),
-                                           device, dtype, config_cls)
-                if mode is not None:
-                    model.celeris_quantization = quantize_model(model, mode, device, dtype)
-                vocab = dims["vocab_size"]
-                engine = Engine(model, IdsOnlyTokenizer(vocab - 1, vocab - 2, 0),
-                                Path(f"random-{label}-{mode or 'full'}"),
-                                EngineConfig(device=device.type, dtype=dtype_name,
-                                             max_running=max(plan.quant_batches)))
-                moe = bool(getattr(model.config, "num_experts", 0))
-                costs = moe_costs(model) if moe else _model_costs(model)
-                weights = weight_bytes(model)["total"]
-                runner = _Runner(engine, qplan, costs, *hooks)
-                routing = _RoutingCounter(model) if moe else None
-                for batch in plan.quant_batches:
-                    bar.update(1)
-                    if time.perf_counter() > deadline:
-                        skipped.append(f"quant_step {name} batch {batch} (past the slice)")
-                        continue
-                    if routing is None:
-                        row = _quant_row(runner, batch, label, mode, weights,
-                                         costs["weight_bytes"], bw)
-                    else:
-                        with routing:
-                            runner.time("block/exact", batch, 1)   # counts the routing
-                        read = moe_step_bytes(costs, routing.mean(), runner.counter.tokens
-                                              / max(1, runner.counter.forwards))
-                        row = _quant_row(runner, batch, label, mode, weights, read, bw,
-                                         warm=False)
-                    rows.append(row)
-                    if mode is None:
-                        full[batch] = row["step_ms"]
-            except Exception as exc:      # noqa: BLE001 - a refusal or failure is a row
-                why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; ")[0]
-                kind = "refused" if isinstance(exc, QuantizeError) else "failed"
-                rows.append({"model": label, "mode": mode or "full width", "batch": None,
-                             "status": f"{kind}: {why}"})
-                bar.update(len(plan.quant_batches))
-            finally:
-                if runner is not None:
-                    runner.counter.handle.remove()
-                if routing is not None:
-                    routing.remove()
-                del engine, runner, routing, model
-                _free(device.type)
-        for r in rows:
-            if r["model"] == label and r.get("batch") in full:
-                r["vs_full"] = r["step_ms"] / full[r["batch"]]
-    return rows, skipped
-
-
 def run_gpu(ctx: BenchContext) -> dict[str, Any]:
     import torch
 
@@ -724,7 +628,7 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
                   + len(plan.batches) * (len(plan.caches) + len(BLOCK_CACHES))
                   * len(plan.tokens_per_forward)
                   + len(plan.variant_batches) * len(plan.variant_caches) * len(STEP_KERNELS)
-                  + 2 * len(QUANT_MODES) * len(plan.quant_batches),
+                  + 2 * len(GPU_QUANT_MODES) * len(plan.quant_batches),
                   "step costs (batch x cache x tokens per forward)")
     start = time.perf_counter()
     # the MoE step first (the model is freed before the dense one is built); a failure there
@@ -756,7 +660,9 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
     del engine, block_engine, runner, model
     _free(device.type)
     from celeris import LLaDA2MoeConfig
-    quant_rows, more_skipped = _measure_quant(
+
+    from .quant import measure_quant_step
+    quant_rows, more_skipped = measure_quant_step(
         (("dense", dims, None), ("moe", moe_dims, LLaDA2MoeConfig)), plan, device, dtype_name,
         hooks, bar, gpu)
     skipped += more_skipped
@@ -832,5 +738,5 @@ def run_gpu(ctx: BenchContext) -> dict[str, Any]:
                                "weight-read floor (dense LLaDA-8B shape, LLaDA2.0-mini-shaped "
                                "MoE)" if not ctx.tiny else
                                "quant_step: each --quantize mode's block step (tiny models)",
-                      "columns": [list(c) for c in QUANT_COLUMNS]}]
+                      "columns": [list(c) for c in QUANT_STEP_COLUMNS]}]
     return out

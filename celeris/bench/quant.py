@@ -23,17 +23,23 @@ Three tables, every mode measured in this process:
 
 ``--tiny`` runs the same code on a tiny random model (and ``--model``, or the shipped
 celeris-tiny-bd, for the accuracy table), for the test suite.
+
+``measure_quant_step`` is the GPU suite's ``quant_step`` table (``bench --suite gpu``): each
+mode's block step on a CUDA device against its weight-read floor.
 """
 
 from __future__ import annotations
 
 import copy
 import time
-from typing import Any
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
 
 from .common import BenchContext, accuracy, messages, section, spread, task_examples
 from .common import REPO_ROOT, timed_side_by_side
-from .gpu import LLADA2_MINI, IdsOnlyTokenizer, build_random_model
+from .gpu import (GPU_QUANT_MODES, LLADA2_MINI, IdsOnlyTokenizer, _free, _model_costs, _peaks,
+                  _RoutingCounter, _Runner, build_random_model, moe_costs, moe_step_bytes)
 
 MODES = (None, "int8", "int4")              # what runs on a CPU (fp8 needs a GPU)
 FP8 = "fp8"
@@ -270,3 +276,100 @@ def run_quant(ctx: BenchContext) -> dict[str, Any]:
         {"name": "fit", "rows": fits, "columns": [list(c) for c in FIT_COLUMNS],
          "title": "fit: weight bytes per mode from published configs (CUDA, bfloat16)"}]
     return out
+
+
+# ---------------------------------------------------------------------- the GPU suite's quant_step
+def _quant_row(runner: _Runner, batch: int, model_label: str, mode: str | None,
+               weights: int, read_bytes: float, bw: float | None,
+               warm: bool = True) -> dict[str, Any]:
+    """One timed quant_step run (after an untimed one unless ``warm`` is False: the caller
+    ran it) with its weight-read floor."""
+    if warm:
+        runner.time("block/exact", batch, 1)                                   # untimed
+    row = runner.time("block/exact", batch, 1)
+    floor = 1e3 * read_bytes / bw if bw else None
+    return dict(row, model=model_label, mode=mode or "full width", status="ok",
+                weight_gb=weights / 1e9, read_gb_per_step=read_bytes / 1e9, floor_ms=floor,
+                vs_floor=row["step_ms"] / floor if floor else None)
+
+
+def measure_quant_step(models: Sequence[tuple[str, dict[str, Any], Any]], plan: Any,
+                   device: Any, dtype_name: str, hooks: tuple, bar: Any, gpu: str | None
+                   ) -> tuple[list[dict], list[str]]:
+    """Each ``--quantize`` mode's step against the model's dtype: for every (label, dims,
+    config class) of ``models``, a random model built, quantized in place, block-causal with
+    the exact cache, one token a forward, at each of ``quant_batches``, within
+    ``quant_budget_s``. A mode the device or the model refuses (fp8 without the hardware,
+    int4 on a mixture of experts) or that fails gets a row saying why. The read floor is the
+    weight bytes a forward must read (all but the embedding; a MoE: its fixed weights plus
+    the distinct experts routed for the forward's tokens, counted in the untimed run) over the
+    peak HBM bandwidth."""
+    import torch
+
+    from celeris import Engine, EngineConfig, QuantizeError, quantize_model, weight_bytes
+
+    deadline = time.perf_counter() + plan.quant_budget_s
+    bw, _ = _peaks(gpu)
+    qplan = replace(plan, gen_length=plan.quant_gen_length, batches=plan.quant_batches)
+    rows, skipped = [], []
+    dtype = getattr(torch, dtype_name)
+    for label, dims, config_cls in models:
+        full: dict[int, float] = {}
+        for mode in GPU_QUANT_MODES:
+            name = f"{label} {mode or 'full width'}"
+            if time.perf_counter() > deadline:
+                skipped.append(f"quant_step {name} (past the {plan.quant_budget_s:.0f} s slice)")
+                bar.update(len(plan.quant_batches))
+                continue
+            engine = runner = routing = model = None
+            try:
+                model = build_random_model(dict(dims, attention="block_causal",
+                                                block_size=plan.block_length),
+                                           device, dtype, config_cls)
+                if mode is not None:
+                    model.celeris_quantization = quantize_model(model, mode, device, dtype)
+                vocab = dims["vocab_size"]
+                engine = Engine(model, IdsOnlyTokenizer(vocab - 1, vocab - 2, 0),
+                                Path(f"random-{label}-{mode or 'full'}"),
+                                EngineConfig(device=device.type, dtype=dtype_name,
+                                             max_running=max(plan.quant_batches)))
+                moe = bool(getattr(model.config, "num_experts", 0))
+                costs = moe_costs(model) if moe else _model_costs(model)
+                weights = weight_bytes(model)["total"]
+                runner = _Runner(engine, qplan, costs, *hooks)
+                routing = _RoutingCounter(model) if moe else None
+                for batch in plan.quant_batches:
+                    bar.update(1)
+                    if time.perf_counter() > deadline:
+                        skipped.append(f"quant_step {name} batch {batch} (past the slice)")
+                        continue
+                    if routing is None:
+                        row = _quant_row(runner, batch, label, mode, weights,
+                                         costs["weight_bytes"], bw)
+                    else:
+                        with routing:
+                            runner.time("block/exact", batch, 1)   # counts the routing
+                        read = moe_step_bytes(costs, routing.mean(), runner.counter.tokens
+                                              / max(1, runner.counter.forwards))
+                        row = _quant_row(runner, batch, label, mode, weights, read, bw,
+                                         warm=False)
+                    rows.append(row)
+                    if mode is None:
+                        full[batch] = row["step_ms"]
+            except Exception as exc:      # noqa: BLE001 - a refusal or failure is a row
+                why = (str(exc).splitlines() or [type(exc).__name__])[0].split("; ")[0]
+                kind = "refused" if isinstance(exc, QuantizeError) else "failed"
+                rows.append({"model": label, "mode": mode or "full width", "batch": None,
+                             "status": f"{kind}: {why}"})
+                bar.update(len(plan.quant_batches))
+            finally:
+                if runner is not None:
+                    runner.counter.handle.remove()
+                if routing is not None:
+                    routing.remove()
+                del engine, runner, routing, model
+                _free(device.type)
+        for r in rows:
+            if r["model"] == label and r.get("batch") in full:
+                r["vs_full"] = r["step_ms"] / full[r["batch"]]
+    return rows, skipped

@@ -28,7 +28,8 @@ from .common import BenchContext, ar_params, messages, section, spread, timed_si
 from .decode import (AR_ENGINE_NOTE, AR_ENGINE_SYSTEM, AR_SYSTEM, DEFAULT_SYSTEM,
                      add_ratios)
 
-STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
+STORY_COLUMNS = (("prompts", "requests", "s"), ("system", "system", "s"),
+                 ("batch", "batch", "d"),
                  ("tokens_per_s", "tok/s", ".2f"), ("tokens_per_forward", "TPF", ".2f"),
                  ("grammatical", "grammar", ".3f"), ("hero_kept", "hero", ".3f"),
                  ("request_honoured", "request", ".3f"), ("objects_kept", "objects", ".3f"),
@@ -39,7 +40,6 @@ STORY_COLUMNS = (("system", "system", "s"), ("batch", "batch", "d"),
                  ("vs_ar_chunks", "x AR per chunk", "s"),
                  ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"),
                  ("request_by_field", "request by field", "s"))
-STORY_COLUMNS = (("prompts", "requests", "s"),) + STORY_COLUMNS
 SETS = (("phrasings", (1, 8)), ("templates", (1,)))      # request set, batch sizes
 MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
 REQUESTS_PER_N = 8            # --n 5 -> 40 requests
