@@ -126,24 +126,27 @@ def test_the_twins_recipe_runs_every_stage_at_smoke_scale_in_under_a_minute(tmp_
                      "0.01", "--smoke", "--out", str(out)]) == 0
     took = time.monotonic() - started
     assert took < 60, f"the smoke recipe took {took:.0f} s"
-    assert "18 stages ->" in capsys.readouterr().out
-    for n in range(18):
+    assert "19 stages ->" in capsys.readouterr().out
+    for n in range(19):
         made = json.loads((out / f"stage-{n:02d}" / "stage.json").read_text())
         assert made["stage"] == n and made["preset"] == "micro"
     log = json.loads((out / "stage-15" / "train_log.json").read_text())
     assert log["kind"] == "ar" and log["steps"] == 10 and log["seed"] == 3
     assert log["init_from"] == str(out / "stage-14")
-    taught = json.loads((out / "stage-17" / "train_log.json").read_text())   # the shipped twin
+    taught = json.loads((out / "stage-17" / "train_log.json").read_text())   # the bd's start
     assert (taught["steps"], taught["seed"], taught["init_from"]) == (8, 1, str(out / "stage-16"))
     assert taught["train_config"]["asks"] == {"share": 1.0, "fields": ["place", "obj"]}
+    free = json.loads((out / "stage-18" / "train_log.json").read_text())     # the shipped twin
+    assert (free["steps"], free["seed"], free["init_from"]) == (5, 2, str(out / "stage-17"))
+    assert free["train_config"]["free"] == 0.8
     needs = out / "needs" / "celeris-tiny-bd"
     assert (needs / "stage-15" / "selfgen.jsonl").is_file()      # the twin's last distill file
     assert json.loads((needs / "stage-07" / "stage.json").read_text())["init_from"] == \
         str(out / "stage-06")                                     # the twin's stage, shared
     assert (needs / "stage-14" / "average.json").is_file()
-    card = (out / "stage-17" / "README.md").read_text()
+    card = (out / "stage-18" / "README.md").read_text()
     assert "celeris train --recipe models/celeris-tiny-ar/recipe.toml" in card
-    assert json.loads((out / "stage-17" / "eval.json").read_text())["n_per_task"] == 2
+    assert json.loads((out / "stage-18" / "eval.json").read_text())["n_per_task"] == 2
 
 
 def test_finished_stages_are_skipped_and_from_stage_needs_the_earlier_ones(tmp_path,
