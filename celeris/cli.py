@@ -522,6 +522,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--ar-model", default=None, metavar="PATH",
                    help="autoregressive twin (default: models/celeris-tiny-ar)")
+    p.add_argument("--canvas-model", default=None, metavar="PATH",
+                   help="stories: the full-attention model measured at its own defaults "
+                        "beside a block-diffusion one (default: models/celeris-tiny)")
     p.add_argument("--n", type=int, default=None, help="prompts per checkable task (5)")
     p.add_argument("--gen-length", type=int, default=None, help="answer canvas length (256)")
     p.add_argument("--block-length", type=int, default=None,

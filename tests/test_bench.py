@@ -575,3 +575,40 @@ def test_gpu_suite_measures_each_quantize_mode_and_says_why_one_cannot_run(bench
                for (m, q), s in refused.items() if q == "fp8")
     assert "mixture-of-experts" in refused[("moe", "int4")]
     assert any(n.startswith("quant_step: ") for n in sec["notes"])
+
+
+def test_stories_measures_the_full_attention_sibling_at_its_own_defaults(tmp_path):
+    """Beside a block-diffusion model, the stories suite scores the full-attention model the
+    playground runs next to it (--canvas-model) at that model's own generation_config.json;
+    beside a full-attention model there is no such row."""
+    from celeris.bench.common import BenchContext
+    from celeris.bench.stories import CANVAS_BATCH, measure_canvas, requests_for
+
+    block = tiny_model_dir(tmp_path / "block", attention="block_causal", block_size=4,
+                           generation_defaults={"gen_length": 32, "decoding": "ltr",
+                                                "threshold": 0.9, "cache": "prefix"})
+    full = tiny_model_dir(tmp_path / "full", seed=1,
+                          generation_defaults={"gen_length": 12, "block_length": 4,
+                                               "decoding": "threshold", "threshold": 0.5})
+    ctx = BenchContext(model=str(block), canvas_model=str(full), device="cpu", n=1,
+                       progress=False)
+    reqs = requests_for(ctx)
+    [row] = measure_canvas(ctx, reqs, "phrasings")
+    assert (row["system"], row["batch"], row["prompts"]) == \
+        ("full-attention full (its defaults)", CANVAS_BATCH, "phrasings")
+    assert row["requests"] == len(reqs) == 8
+    params = row["params"]
+    assert (params["gen_length"], params["block_length"], params["decoding"],
+            params["threshold"]) == (12, 4, "threshold", 0.5)
+    assert 0 < row["mean_tokens"] <= 12 and row["completion_tokens"] == 8 * row["mean_tokens"]
+    assert 1.0 <= row["tokens_per_forward"] <= 12
+    assert 0.0 <= row["grammatical"] <= 1.0 and row["wall_s"] > 0
+    assert "vs_ar" not in row
+    # a full-attention model benchmarked on its own has no sibling row
+    alone = BenchContext(model=str(full), canvas_model=str(full), device="cpu", n=1,
+                         progress=False)
+    assert alone.canvas is None and measure_canvas(alone, reqs, "phrasings") == []
+    missing = BenchContext(model=str(block), canvas_model=str(tmp_path / "nowhere"),
+                           device="cpu", progress=False)
+    with pytest.raises(ValueError, match="--canvas-model: no model .* at .*nowhere"):
+        missing.canvas

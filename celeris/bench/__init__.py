@@ -64,6 +64,7 @@ def context_from_args(args: argparse.Namespace) -> BenchContext:
         return default if value is None else value
 
     ctx = BenchContext(model=get("model"), ar_model=get("ar_model"),
+                       canvas_model=get("canvas_model"),
                        device=get("device", "auto"), dtype=get("dtype", "auto"),
                        n=get("n", 5), gen_length=get("gen_length", 256),
                        block_length=get("block_length", 32), batch=get("batch", 1),

@@ -22,6 +22,7 @@ from .progress import Progress, say
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_AR_MODEL = REPO_ROOT / "models" / "celeris-tiny-ar"
+DEFAULT_CANVAS_MODEL = REPO_ROOT / "models" / "celeris-tiny"   # the full-attention sibling
 Column = tuple[str, str, str]          # (row key, header, format spec)
 
 
@@ -35,6 +36,7 @@ class BenchContext:
 
     model: str | None = None
     ar_model: str | None = None
+    canvas_model: str | None = None
     device: str = "auto"
     dtype: str = "auto"
     n: int = 5                     # prompts per checkable task
@@ -55,6 +57,7 @@ class BenchContext:
     _engine: Any = None
     _ar: Any = None
     _ar_engine: Any = None
+    _canvas: Any = None
 
     @property
     def engine(self) -> Any:
@@ -94,6 +97,23 @@ class BenchContext:
                 engine = None
             self._ar_engine = engine if engine is not None and engine.block_size == 1 else False
         return self._ar_engine or None
+
+    @property
+    def canvas(self) -> Any:
+        """The full-attention model the playground runs beside a block-diffusion one (the
+        Infill tab, the Race's canvas column): ``--canvas-model`` or models/celeris-tiny.
+        None when the benchmarked model is itself full-attention or the default is not
+        there; a ``--canvas-model`` that holds no model is an error."""
+        if self._canvas is None:
+            from celeris import Engine
+            path = Path(self.canvas_model) if self.canvas_model else DEFAULT_CANVAS_MODEL
+            there = (path / "config.json").is_file()
+            if self.canvas_model and not there:
+                raise ValueError(f"--canvas-model: no model (config.json) at {path}")
+            found = self.block_causal and there
+            self._canvas = (Engine.from_pretrained(path, device=self.device, dtype=self.dtype)
+                            if found else False)
+        return self._canvas or None
 
     def ar_engine_params(self, max_new_tokens: int) -> Any:
         """Greedy, one position a step, up to ``max_new_tokens``, as the twin runs."""

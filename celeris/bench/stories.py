@@ -24,7 +24,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
-from .common import BenchContext, ar_params, messages, section, spread, timed_side_by_side
+from .common import (BenchContext, ar_params, messages, section, spread, timed_batches,
+                     timed_side_by_side)
 from .decode import (AR_ENGINE_NOTE, AR_ENGINE_SYSTEM, AR_SYSTEM, DEFAULT_SYSTEM,
                      add_ratios)
 
@@ -38,13 +39,15 @@ STORY_COLUMNS = (("prompts", "requests", "s"), ("system", "system", "s"),
                  ("vs_ar_engine", "x AR(C)", ".2f"),
                  ("seed_stories", "5 seeds", ".2f"),
                  ("vs_ar_chunks", "x AR per chunk", "s"),
-                 ("completion_tokens", "tokens", "d"), ("wall_s", "wall s", ".2f"),
+                 ("completion_tokens", "tokens", "d"), ("mean_tokens", "tokens/answer", ".1f"),
+                 ("wall_s", "wall s", ".2f"),
                  ("request_by_field", "request by field", "s"))
 SETS = (("phrasings", (1, 8)), ("templates", (1,)))      # request set, batch sizes
 MAX_NEW_TOKENS = 448          # a cap above the longest story (400 tokens) and its EOS
 REQUESTS_PER_N = 8            # --n 5 -> 40 requests
 PROMPT_ROOM = 48              # context kept for the chat-templated request (at least)
 SEED_REQUESTS, SEEDS, SEED_TEMPERATURE = 4, 5, 0.8   # "5 seeds": one request, five samples
+CANVAS_BATCH = 8              # the full-attention sibling's rows: chunks of 8, timed alone
 
 
 def requests_for(ctx: BenchContext, which: str = "phrasings") -> list[Any]:
@@ -155,6 +158,25 @@ def measure(ctx: BenchContext, requests: Sequence[Any], batch: int, label: str =
     return rows
 
 
+def measure_canvas(ctx: BenchContext, requests: Sequence[Any], label: str) -> list[dict[str, Any]]:
+    """The full-attention sibling (``ctx.canvas``: what the Infill tab and the Race's canvas
+    column run) at its own defaults, gen length included, over the same requests in chunks of
+    CANVAS_BATCH, timed alone (no ratio: the twin does not run beside it); [] without one."""
+    canvas = ctx.canvas
+    if canvas is None:
+        return []
+    params = canvas.default_params().replace(seed=0, stop=())
+    bar = ctx.bar(len(requests), f"{label}, full-attention model at its defaults")
+    results, walls = timed_batches(_engine_run(canvas, params), requests, CANVAS_BATCH, bar)
+    bar.close()
+    name = f"full-attention {canvas.info()['model']} (its defaults)"
+    row = _row(name, CANVAS_BATCH, [r.text for r in results],
+               [r.usage.completion_tokens for r in results], [r.nfe for r in results], walls,
+               requests, params.to_dict())
+    row["prompts"] = label
+    return [row]
+
+
 def seed_stories(engine: Any, params: Any, requests: Sequence[Any]) -> float:
     """Distinct stories among SEEDS samples of one request at temperature SEED_TEMPERATURE,
     averaged over the first SEED_REQUESTS requests (a model that tells one story: 1)."""
@@ -183,6 +205,7 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
             batch_rows = measure(ctx, sets[which], batch, which, seeds=which == "phrasings")
             add_ratios(batch_rows)
             rows += batch_rows
+        rows += measure_canvas(ctx, sets[which], which)
     info = ctx.engine.info()
     settings = {"model": info["path"], "dtype": info["dtype"], "device": info["device"],
                 "ar_model": ctx.ar.info(), "requests": len(sets["phrasings"]),
@@ -216,6 +239,10 @@ def run_stories(ctx: BenchContext) -> dict[str, Any]:
              f"5 seeds = distinct stories among {SEEDS} samples of one request at temperature "
              f"{SEED_TEMPERATURE} (seeds 0-{SEEDS - 1}), mean over the first {SEED_REQUESTS} "
              "requests; engine systems, batch-1 rows (the HF twin's generate() is greedy)",
-             "TPF = completion tokens / model forwards (Celeris only)", AR_ENGINE_NOTE]
+             "TPF = completion tokens / model forwards (Celeris only)", AR_ENGINE_NOTE,
+             "full-attention rows: the full-canvas model the playground runs beside the "
+             "block model (the Infill tab, the Race's canvas column; --canvas-model) at its "
+             f"own generation_config.json, gen length included, in chunks of {CANVAS_BATCH}, "
+             "timed alone (no x AR)"]
     return section("stories", "Long-story requests: Celeris vs the autoregressive twin",
                    STORY_COLUMNS, rows, settings, notes)
