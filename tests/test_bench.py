@@ -608,6 +608,8 @@ def test_stories_measures_the_full_attention_sibling_at_its_own_defaults(tmp_pat
     alone = BenchContext(model=str(full), canvas_model=str(full), device="cpu", n=1,
                          progress=False)
     assert alone.canvas is None and measure_canvas(alone, reqs, "phrasings") == []
+    # without --canvas-model, only a model beside models/celeris-tiny gets its row
+    assert BenchContext(model=str(block), device="cpu", progress=False).canvas is None
     missing = BenchContext(model=str(block), canvas_model=str(tmp_path / "nowhere"),
                            device="cpu", progress=False)
     with pytest.raises(ValueError, match="--canvas-model: no model .* at .*nowhere"):

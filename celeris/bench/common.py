@@ -101,16 +101,18 @@ class BenchContext:
     @property
     def canvas(self) -> Any:
         """The full-attention model the playground runs beside a block-diffusion one (the
-        Infill tab, the Race's canvas column): ``--canvas-model`` or models/celeris-tiny.
-        None when the benchmarked model is itself full-attention or the default is not
-        there; a ``--canvas-model`` that holds no model is an error."""
+        Infill tab, the Race's canvas column): ``--canvas-model``, or models/celeris-tiny
+        when the benchmarked model sits beside it in models/. None when the benchmarked
+        model is itself full-attention or has no such sibling; a ``--canvas-model`` that
+        holds no model is an error."""
         if self._canvas is None:
             from celeris import Engine
             path = Path(self.canvas_model) if self.canvas_model else DEFAULT_CANVAS_MODEL
             there = (path / "config.json").is_file()
             if self.canvas_model and not there:
                 raise ValueError(f"--canvas-model: no model (config.json) at {path}")
-            found = self.block_causal and there
+            beside = Path(self.engine.info()["path"]).resolve().parent == path.resolve().parent
+            found = self.block_causal and there and (bool(self.canvas_model) or beside)
             self._canvas = (Engine.from_pretrained(path, device=self.device, dtype=self.dtype)
                             if found else False)
         return self._canvas or None
